@@ -1,0 +1,3 @@
+from vllm_bundle.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""Command line: ``vllm-bundle <verb>``; the nox sessions call these verbs.
+
+Every user-caused error ends in one line on stderr, ``error: <what> (<how to fix>)``, and a non-zero
+exit; only bugs in this tool show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from vllm_bundle import __version__
+from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
+from vllm_bundle.errors import BundleError, LockError, RecipeError
+from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.locker import Sources, check_lock, make_lock
+from vllm_bundle.lockfile import read_lock, wheel_artifacts
+from vllm_bundle.progress import human_size, make_reporter
+from vllm_bundle.recipes import Recipes, load_recipes
+from vllm_bundle.transport import RetryPolicy
+
+DEFAULT_CHANNEL = "stable"
+
+
+def _recipes(args: argparse.Namespace) -> Recipes:
+    root: Path = args.recipes
+    if not root.is_dir():
+        raise RecipeError(f"no recipes directory at {root}", "run from the repository root or pass --recipes DIR")
+    return load_recipes(root)
+
+
+def _locks_dir(args: argparse.Namespace) -> Path:
+    return args.locks or args.recipes / "locks"
+
+
+def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
+    policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
+    return Fetcher(
+        Cache(args.cache_dir or default_cache_dir()),
+        make_reporter(grand_total, plain=True if args.plain else None),
+        policy=policy,
+        mirror=args.mirror if args.verb == "fetch" else None,  # lock applies --mirror itself
+        offline=getattr(args, "offline", False),
+        jobs=args.jobs,
+    )
+
+
+def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
+    """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
+    check_lock(recipes, recipes.target(target), recipes.channel(channel), _locks_dir(args))
+    lock, pylock = read_lock(_locks_dir(args), channel, target)
+    return [*lock.artifacts, *wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)]
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    channel = recipes.channel(args.channel)
+    targets = [recipes.target(name) for name in args.targets]
+    if args.check:
+        return _check_locks(recipes, args, targets)
+    if not targets:
+        raise RecipeError("lock needs a target", f"valid targets: {', '.join(recipes.targets)}")
+    sources = Sources(index=args.index, mirror=args.mirror)
+    for target in targets:
+        with _fetcher(args, None) as fetcher:
+            lock = make_lock(recipes, target, channel, fetcher, sources, _locks_dir(args))
+        pins = ", ".join(f"{k} {v}" for k, v in sorted(lock.versions.items()))
+        print(f"locked {target.name} ({channel.name}): {pins}")
+    return 0
+
+
+def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list) -> int:  # type: ignore[type-arg]
+    locks_dir = _locks_dir(args)
+    if targets:
+        pairs = [(t, recipes.channel(args.channel)) for t in targets]
+    else:  # every lock present, in every channel
+        pairs = [
+            (recipes.target(path.name.removesuffix(".toml")), recipes.channel(path.parent.name))
+            for path in sorted(locks_dir.glob("*/*.toml"))
+            if not path.name.startswith("pylock.")
+        ]
+        if not pairs:
+            raise LockError(f"no locks under {locks_dir}", "run `nox -s lock -- <target>` where upstream is reachable")
+    for target, channel in pairs:
+        check_lock(recipes, target, channel, locks_dir)
+        print(f"ok     {channel.name}/{target.name}: lock matches its recipe")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    artifacts = locked_artifacts(recipes, args, args.target, args.channel)
+    total = sum(a.size or 0 for a in artifacts)
+    with _fetcher(args, total) as fetcher:
+        missing = fetcher.missing(artifacts)
+        fetcher.fetch_all(artifacts)
+    print(
+        f"fetched {args.target} ({args.channel}): {len(artifacts)} artifacts, {human_size(total)} in "
+        f"{fetcher.cache.root}; {len(missing)} downloaded ({human_size(fetcher.bytes_transferred)} "
+        f"transferred), {len(artifacts) - len(missing)} already cached"
+    )
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    parser.add_argument("--locks", type=Path, default=None, help="locks directory (<recipes>/locks)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help=f"download cache (${CACHE_ENV}, else {default_cache_dir()})")
+    parser.add_argument("--channel", default=DEFAULT_CHANNEL, help=f"release channel ({DEFAULT_CHANNEL})")
+    parser.add_argument("--jobs", "-j", type=int, default=min(8, (os.cpu_count() or 2) * 2),
+                        help="parallel downloads")
+    parser.add_argument("--retries", type=int, default=RetryPolicy.attempts,
+                        help=f"attempts per request and per interrupted body ({RetryPolicy.attempts})")
+    parser.add_argument("--read-timeout", type=float, default=RetryPolicy.read_timeout,
+                        help="seconds a stalled download may stay silent before it is resumed")
+    parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-bundle", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"vllm-bundle {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    lock = verbs.add_parser("lock", help="pin every input of a target (url, size, sha256)")
+    lock.add_argument("targets", nargs="*", help="targets to lock (with --check: default every lock)")
+    lock.add_argument("--check", action="store_true", help="fail when a lock no longer matches its recipe")
+    lock.add_argument("--index", help="one PEP 503 index serving TheRock's and PyPI's packages (a mirror)")
+    lock.add_argument("--mirror", help="URL or directory with the release files (CPython tarball, SHA256SUMS)")
+    _common(lock)
+    lock.set_defaults(func=cmd_lock)
+
+    fetch = verbs.add_parser("fetch", help="download a target's locked inputs into the verified cache")
+    fetch.add_argument("target")
+    fetch.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
+    fetch.add_argument("--offline", action="store_true", help="use the cache only; list what is missing")
+    _common(fetch)
+    fetch.set_defaults(func=cmd_fetch)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except BundleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: partial downloads are kept and resume on the next run", file=sys.stderr)
+        return 130

@@ -1,0 +1,212 @@
+"""Lock files: the exact, hashed inputs of one (channel, target).
+
+``recipes/locks/<channel>/<target>.toml`` pins the non-wheel artifacts (the CPython tarball, the vLLM
+source release) and records the recipe hash it was made from; ``pylock.<target>.toml`` (PEP 751,
+written by uv) pins every wheel. The TOML lock records the pylock's sha256, so neither file can be
+edited or swapped alone without ``lock --check`` noticing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import tomli_w
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from vllm_bundle.errors import LockError
+from vllm_bundle.fetch import Artifact
+
+LOCK_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Lock:
+    target: str
+    channel: str
+    recipe_hash: str
+    pylock_sha256: str
+    source_date_epoch: int
+    versions: Mapping[str, str]
+    artifacts: tuple[Artifact, ...]  # non-wheel inputs, by role
+    roles: Mapping[str, str] = field(default_factory=dict)  # role -> sha256
+
+    def artifact(self, role: str) -> Artifact:
+        sha = self.roles.get(role)
+        for artifact in self.artifacts:
+            if artifact.sha256 == sha:
+                return artifact
+        raise LockError(f"the lock for {self.channel}/{self.target} has no {role} artifact", "re-lock")
+
+
+def lock_paths(locks_dir: Path, channel: str, target: str) -> tuple[Path, Path]:
+    base = locks_dir / channel
+    # PEP 751 requires the name pylock.<name>.toml for a lock file that is not plain pylock.toml.
+    return base / f"{target}.toml", base / f"pylock.{target}.toml"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp).chmod(0o644)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def render_lock(lock: Lock, header: str) -> bytes:
+    doc: dict[str, Any] = {
+        "lock-version": LOCK_VERSION,
+        "target": lock.target,
+        "channel": lock.channel,
+        "recipe-hash": lock.recipe_hash,
+        "pylock-sha256": lock.pylock_sha256,
+        "source-date-epoch": lock.source_date_epoch,
+        "versions": dict(sorted(lock.versions.items())),
+        "artifacts": [
+            {
+                "role": role,
+                "name": a.name,
+                "filename": a.filename,
+                "url": a.url,
+                "size": a.size,
+                "sha256": a.sha256,
+            }
+            for role, sha in sorted(lock.roles.items())
+            for a in lock.artifacts
+            if a.sha256 == sha
+        ],
+    }
+    return (header + tomli_w.dumps(doc)).encode()
+
+
+def _load_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise LockError(
+            f"no {what} at {path}",
+            "make it with `nox -s lock -- <target> --channel <channel>` where upstream is reachable",
+        ) from None
+    except tomllib.TOMLDecodeError as err:
+        raise LockError(f"{path} is not valid TOML ({err})", "re-lock instead of editing by hand") from None
+
+
+def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[str, Any]]:
+    """Read and cross-check both lock files; returns the lock and the parsed pylock."""
+    lock_path, pylock_path = lock_paths(locks_dir, channel, target)
+    doc = _load_toml(lock_path, f"lock for {channel}/{target}")
+    if doc.get("lock-version") != LOCK_VERSION:
+        raise LockError(f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
+                        "re-lock with this version of the tool")
+    _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
+    pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
+    if pylock_sha != doc.get("pylock-sha256"):
+        raise LockError(
+            f"{pylock_path.name} does not match {lock_path.name} (pylock-sha256 differs): "
+            "one was edited or replaced alone",
+            "re-lock instead of editing lock files by hand",
+        )
+    try:
+        entries = doc["artifacts"]
+        artifacts = tuple(
+            Artifact(e["name"], e["filename"], e["url"], e["sha256"], e["size"]) for e in entries
+        )
+        lock = Lock(
+            target=doc["target"],
+            channel=doc["channel"],
+            recipe_hash=doc["recipe-hash"],
+            pylock_sha256=pylock_sha,
+            source_date_epoch=int(doc["source-date-epoch"]),
+            versions=doc["versions"],
+            artifacts=artifacts,
+            roles={e["role"]: e["sha256"] for e in entries},
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise LockError(f"{lock_path} is missing or has a bad field: {err}", "re-lock") from None
+    with pylock_path.open("rb") as handle:
+        return lock, tomllib.load(handle)
+
+
+def platform_tags(platform: str) -> list[str]:
+    """Linux platform tags a ``<arch>-manylinux_2_<N>`` platform accepts, most specific first."""
+    arch, _, libc = platform.partition("-")
+    if not libc.startswith("manylinux_2_"):
+        raise LockError(f"unsupported platform {platform!r}", "use e.g. 'x86_64-manylinux_2_28'")
+    newest = int(libc.removeprefix("manylinux_2_"))
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags = []
+    for minor in range(newest, 4, -1):
+        tags.append(f"manylinux_2_{minor}_{arch}")
+        if minor in legacy:
+            tags.append(f"{legacy[minor]}_{arch}")
+    return [*tags, f"linux_{arch}"]
+
+
+def supported_tags(python_minor: str, platform: str) -> list[Tag]:
+    version = tuple(int(part) for part in python_minor.split("."))
+    interpreter = f"cp{version[0]}{version[1]}"
+    platforms = platform_tags(platform)
+    return [
+        *cpython_tags(version, abis=[interpreter], platforms=platforms),
+        *compatible_tags(version, interpreter=interpreter, platforms=platforms),
+    ]
+
+
+def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> Mapping[str, Any] | None:
+    best: tuple[int, Mapping[str, Any]] | None = None
+    for wheel in package.get("wheels", []):
+        filename = wheel.get("name") or wheel["url"].rsplit("/", 1)[-1]
+        try:
+            tags = parse_wheel_filename(unquote(filename))[3]
+        except InvalidWheelFilename:
+            continue
+        rank = min((ranking[t] for t in tags if t in ranking), default=None)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, wheel)
+    return best[1] if best else None
+
+
+def wheel_artifacts(pylock: Mapping[str, Any], python_minor: str, platform: str) -> list[Artifact]:
+    """The one best wheel of each locked package for the bundle's interpreter and platform."""
+    ranking = {tag: i for i, tag in enumerate(supported_tags(python_minor, platform))}
+    artifacts = []
+    for package in pylock.get("packages", []):
+        wheel = best_wheel(package, ranking)
+        if wheel is None:
+            raise LockError(
+                f"locked package {package.get('name')} {package.get('version')} has no wheel for "
+                f"CPython {python_minor} on {platform}",
+                "re-lock; if it persists the package only ships an sdist for this platform",
+            )
+        sha = wheel.get("hashes", {}).get("sha256")
+        if not sha:
+            raise LockError(f"locked wheel {wheel['url']} has no sha256", "re-lock")
+        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
+        artifacts.append(Artifact(package["name"], filename, wheel["url"], sha, wheel.get("size")))
+    return artifacts
+
+
+def locked_versions(pylock: Mapping[str, Any]) -> dict[str, str]:
+    return {canonicalize_name(p["name"]): p["version"] for p in pylock.get("packages", [])}
+
+
+def all_wheels(pylock: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
+    for package in pylock.get("packages", []):
+        yield from package.get("wheels", [])

@@ -1,0 +1,284 @@
+"""Recipes: the TOML data under ``recipes/`` that says what goes into a bundle for each target.
+
+Validation is hand-written (a few typed accessors) rather than a JSON-schema library because the
+error a user needs is one line naming ``file: key`` and what was expected, which schema validators
+do not phrase that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from vllm_bundle.errors import RecipeError, UnknownTargetError
+
+#: Bumped whenever the meaning of a recipe value or the lock format changes: it is part of the
+#: recipe hash, so every lock made by an older tool shows as out of date.
+RECIPE_SCHEMA = 1
+
+TARGETS_FILE = "targets.toml"
+CHANNELS_FILE = "channels.toml"
+COMPONENTS_FILE = "components.toml"
+LAYOUTS = ("multi-arch", "per-family")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    isas: tuple[str, ...]
+    legacy_family: str
+    size_budget_gib: float
+    device_wheels: tuple[str, ...]  # TheRock per-ISA device wheels (multi-arch layout)
+
+    @property
+    def pytorch_rocm_arch(self) -> str:
+        return ";".join(self.isas)
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    description: str
+    therock_index: str
+    therock_layout: str
+    pypi_index: str
+    python_releases: str
+    prereleases: bool
+    versions: Mapping[str, str]
+
+    def therock_index_for(self, target: Target) -> str:
+        return self.therock_index.replace("{family}", target.legacy_family)
+
+
+@dataclass(frozen=True)
+class PythonRecipe:
+    version: str
+    release: str
+    triple: str
+    flavor: str
+    platform: str
+
+    @property
+    def minor(self) -> str:
+        major, minor, *_ = self.version.split(".")
+        return f"{major}.{minor}"
+
+    @property
+    def asset(self) -> str:
+        return f"cpython-{self.version}+{self.release}-{self.triple}-{self.flavor}.tar.gz"
+
+
+@dataclass(frozen=True)
+class VllmRecipe:
+    version: str
+    requirement_files: tuple[str, ...]
+    drop_requirements: tuple[str, ...]
+
+    @property
+    def sdist(self) -> str:
+        return f"vllm-{self.version}.tar.gz"
+
+
+@dataclass(frozen=True)
+class Recipes:
+    root: Path
+    targets: Mapping[str, Target]
+    channels: Mapping[str, Channel]
+    python: PythonRecipe
+    component_requirements: Mapping[str, tuple[str, ...]]  # rocm/torch/triton -> requirement names
+    vllm: VllmRecipe
+    raw: Mapping[str, Mapping[str, Any]]  # file name -> parsed TOML, for hashing
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            valid = ", ".join(self.targets)
+            raise UnknownTargetError(f"unknown target {name!r}; valid targets: {valid}")
+        return self.targets[name]
+
+    def channel(self, name: str) -> Channel:
+        if name not in self.channels:
+            valid = ", ".join(self.channels)
+            raise UnknownTargetError(f"unknown channel {name!r}; valid channels: {valid}")
+        return self.channels[name]
+
+    def recipe_hash(self, target: Target, channel: Channel) -> str:
+        """Hash of every recipe value a (target, channel) lock depends on."""
+        inputs = {
+            "schema": RECIPE_SCHEMA,
+            "device-wheels": self.raw[TARGETS_FILE].get("device-wheels"),
+            "target": self.raw[TARGETS_FILE]["targets"][target.name],
+            "channel": self.raw[CHANNELS_FILE]["channels"][channel.name],
+            "components": self.raw[COMPONENTS_FILE],
+        }
+        canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class _Table:
+    """A TOML table with the path that leads to it, for ``file: key`` error messages."""
+
+    def __init__(self, data: Mapping[str, Any], file: str, path: str = "") -> None:
+        self.data, self.file, self.path = data, file, path
+
+    def _where(self, key: str) -> str:
+        return f"{self.file}: {self.path + '.' if self.path else ''}{key}"
+
+    def fail(self, key: str, expected: str) -> RecipeError:
+        got = self.data.get(key, "<missing>")
+        return RecipeError(f"bad recipe {self._where(key)}: expected {expected}, got {got!r}")
+
+    def get(self, key: str, kind: type[T], expected: str, default: T | None = None) -> T:
+        if key not in self.data and default is not None:
+            return default
+        value = self.data.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(key, expected)
+        return value
+
+    def text(self, key: str, default: str | None = None) -> str:
+        value = self.get(key, str, "a string", default)
+        if not value and default is None:
+            raise self.fail(key, "a non-empty string")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        if key not in self.data and default is not None:
+            return default
+        value = self.data.get(key)
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise self.fail(key, "a non-empty list of strings")
+        return tuple(value)
+
+    def number(self, key: str) -> float:
+        value = self.data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.fail(key, "a positive number")
+        return float(value)
+
+    def table(self, key: str) -> _Table:
+        sub = self.get(key, dict, "a table")
+        return _Table(sub, self.file, f"{self.path + '.' if self.path else ''}{key}")
+
+    def items(self) -> list[tuple[str, _Table]]:
+        return [(key, self.table(key)) for key in self.data]
+
+    def specifier(self, key: str) -> str:
+        value = self.get(key, str, "a PEP 440 version specifier (may be empty)")
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise self.fail(key, "a PEP 440 version specifier such as '>=7.10' (may be empty)") from None
+        return value
+
+    def version(self, key: str) -> str:
+        value = self.text(key)
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise self.fail(key, "a PEP 440 version such as '0.33.0'") from None
+        return value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
+    except tomllib.TOMLDecodeError as err:
+        raise RecipeError(f"bad recipe {path.name}: not valid TOML: {err}") from None
+
+
+def _parse_targets(doc: _Table) -> dict[str, Target]:
+    templates = doc.table("device-wheels")
+    wheel_templates = [templates.text(kind) for kind in templates.data]
+    for kind in templates.data:
+        if "{isa}" not in templates.text(kind):
+            raise templates.fail(kind, "a wheel name containing '{isa}'")
+    targets = {}
+    for name, entry in doc.table("targets").items():
+        isas = entry.strings("isas")
+        for isa in isas:
+            if not isa.startswith("gfx"):
+                raise entry.fail("isas", "ISA names such as 'gfx1151'")
+        targets[name] = Target(
+            name=name,
+            description=entry.text("description", ""),
+            isas=isas,
+            legacy_family=entry.text("legacy-family"),
+            size_budget_gib=entry.number("size-budget-gib"),
+            device_wheels=tuple(t.format(isa=isa) for isa in isas for t in wheel_templates),
+        )
+    if not targets:
+        raise doc.fail("targets", "at least one [targets.<name>] table")
+    return targets
+
+
+def _parse_channels(doc: _Table, components: tuple[str, ...]) -> dict[str, Channel]:
+    channels = {}
+    for name, entry in doc.table("channels").items():
+        layout = entry.text("therock-layout")
+        if layout not in LAYOUTS:
+            raise entry.fail("therock-layout", " or ".join(repr(v) for v in LAYOUTS))
+        versions = entry.table("versions")
+        for component in components:
+            versions.specifier(component)
+        channels[name] = Channel(
+            name=name,
+            description=entry.text("description", ""),
+            therock_index=entry.text("therock-index"),
+            therock_layout=layout,
+            pypi_index=entry.text("pypi-index"),
+            python_releases=entry.text("python-releases"),
+            prereleases=entry.get("prereleases", bool, "true or false"),
+            versions={c: versions.data[c] for c in components},
+        )
+    return channels
+
+
+def _parse_python(doc: _Table) -> PythonRecipe:
+    python = doc.table("python")
+    version = python.version("version")
+    release = python.text("release")
+    if not (release.isdigit() and len(release) == 8):
+        raise python.fail("release", "a python-build-standalone release date YYYYMMDD")
+    return PythonRecipe(
+        version=version,
+        release=release,
+        triple=python.text("triple"),
+        flavor=python.text("flavor"),
+        platform=python.text("platform"),
+    )
+
+
+def load_recipes(root: Path) -> Recipes:
+    """Read and validate every recipe file under ``root``."""
+    raw = {name: _read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
+    components = _Table(raw[COMPONENTS_FILE], COMPONENTS_FILE)
+    pinned = components.table("wheels")
+    component_requirements = {name: pinned.strings(name) for name in pinned.data}
+    vllm = components.table("vllm")
+    return Recipes(
+        root=root,
+        targets=_parse_targets(_Table(raw[TARGETS_FILE], TARGETS_FILE)),
+        channels=_parse_channels(_Table(raw[CHANNELS_FILE], CHANNELS_FILE), tuple(pinned.data)),
+        python=_parse_python(components),
+        component_requirements=component_requirements,
+        vllm=VllmRecipe(
+            version=vllm.version("version"),
+            requirement_files=vllm.strings("requirement-files"),
+            drop_requirements=vllm.strings("drop-requirements"),
+        ),
+        raw=raw,
+    )

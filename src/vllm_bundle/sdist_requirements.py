@@ -1,0 +1,89 @@
+"""vLLM's own requirement files, read from its source release, for the lock's dependency closure.
+
+The bundle's vLLM wheel is installed with ``--no-deps``, so its dependency closure must be locked
+from the same files its build reads. Like vLLM's ``use_existing_torch.py`` we drop the torch family
+(the bundle ships TheRock's), and we drop index options: indexes come from the channel only.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from vllm_bundle.errors import LockError
+
+INDEX_OPTIONS = ("--index-url", "-i", "--extra-index-url", "--find-links", "-f", "--trusted-host")
+
+
+@dataclass
+class FilteredRequirements:
+    top_files: list[Path]
+    dropped: list[str]
+
+
+def extract_requirement_files(sdist: Path, dest: Path) -> Path:
+    """Extract ``<top>/requirements/*`` of the source release into ``dest``; returns the top dir."""
+    try:
+        with tarfile.open(sdist, "r:gz") as archive:
+            members = [m for m in archive.getmembers() if _is_requirement_file(m)]
+            if not members:
+                raise LockError(f"{sdist.name} has no requirements/ directory", "check vllm.version")
+            archive.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, OSError) as err:
+        raise LockError(f"cannot read {sdist.name}: {err}", "delete it from the cache and re-lock") from None
+    return dest / PurePosixPath(members[0].name).parts[0]
+
+
+def _is_requirement_file(member: tarfile.TarInfo) -> bool:
+    parts = PurePosixPath(member.name).parts
+    return member.isfile() and len(parts) >= 3 and parts[1] == "requirements" and ".." not in parts
+
+
+def _requirement_name(line: str) -> str | None:
+    text = line.split(" #", 1)[0].strip()
+    if not text or text.startswith(("#", "-")):
+        return None
+    try:
+        return canonicalize_name(Requirement(text).name)
+    except InvalidRequirement:
+        return None
+
+
+def filter_requirement_files(top: Path, files: tuple[str, ...], drop: tuple[str, ...]) -> FilteredRequirements:
+    """Rewrite every requirement file in place, dropping the named packages and index options."""
+    dropped_names = {canonicalize_name(name) for name in drop}
+    dropped: list[str] = []
+    for path in _included_files([top / name for name in files]):
+        kept = []
+        for line in path.read_text().splitlines():
+            stripped = line.strip()
+            name = _requirement_name(stripped)
+            if (name is not None and name in dropped_names) or stripped.startswith(INDEX_OPTIONS):
+                dropped.append(f"{path.name}: {stripped}")
+                continue
+            kept.append(line)
+        path.write_text("\n".join(kept) + "\n")
+    return FilteredRequirements([top / name for name in files], dropped)
+
+
+def _included_files(roots: list[Path]) -> list[Path]:
+    """The requirement files reachable from ``roots`` through ``-r``/``-c`` lines, in order."""
+    seen: list[Path] = []
+    pending = list(roots)
+    while pending:
+        path = pending.pop(0)
+        if path in seen:
+            continue
+        if not path.is_file():
+            raise LockError(f"vLLM's source release has no {path.name} (wanted by its requirement files)",
+                            "fix vllm.requirement-files in recipes/components.toml")
+        seen.append(path)
+        for line in path.read_text().splitlines():
+            option, _, value = line.strip().partition(" ")
+            if option in ("-r", "--requirement", "-c", "--constraint") and value.strip():
+                pending.append(path.parent / value.strip())
+    return seen

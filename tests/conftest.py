@@ -1,0 +1,76 @@
+"""Shared fixtures: the fake upstream (built once per session, served on 127.0.0.1) and helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.upstream.fixture import Fixture, build_fixture
+from tests.upstream.server import UpstreamServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
+    return build_fixture(tmp_path_factory.mktemp("upstream"))
+
+
+@pytest.fixture(scope="session")
+def _server(fixture_tree: Fixture) -> Iterator[UpstreamServer]:
+    server = UpstreamServer(fixture_tree.root).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def upstream(_server: UpstreamServer) -> Iterator[UpstreamServer]:
+    """The running fake upstream, with no faults and an empty request log."""
+    _server.reset()
+    yield _server
+    _server.reset()
+
+
+@pytest.fixture
+def recipes_dir(tmp_path: Path) -> Path:
+    """A private copy of the repository's recipes (tests may edit it), without its locks."""
+    dest = tmp_path / "recipes"
+    shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("locks"))
+    return dest
+
+
+def run_cli(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``vllm-bundle`` as a user would (a separate process), capturing its output."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("VLLM_BUNDLE_CACHE_DIR", None) if env is None or "VLLM_BUNDLE_CACHE_DIR" not in env else None
+    return subprocess.run([sys.executable, "-m", "vllm_bundle", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """A user error: non-zero exit, no traceback, the last stderr line says what and how to fix."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in last, f"{fragment!r} not in {last!r}"
+    return last
+
+
+@pytest.fixture(scope="session")
+def locked(_server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the recipes with a gfx1151 (stable) lock made against the fake upstream."""
+    recipes = tmp_path_factory.mktemp("locked") / "recipes"
+    shutil.copytree(REPO / "recipes", recipes, ignore=shutil.ignore_patterns("locks"))
+    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{_server.url}/simple/",
+                     "--mirror", f"{_server.url}/releases/", "--cache-dir", recipes.parent / "lock-cache", "--plain")
+    assert result.returncode == 0, result.stderr
+    return recipes

@@ -1,0 +1,275 @@
+"""The fetcher against the fake upstream: resume, verification, retries, sharing, offline, errors."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_cli
+from tests.upstream.fixture import Fixture, make_blob
+from tests.upstream.server import Fault, UpstreamServer
+from vllm_bundle.cache import Cache
+from vllm_bundle.errors import DiskFullError, HashMismatchError, NetworkError, OfflineMissingError
+from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.progress import PlainReporter
+from vllm_bundle.transport import RetryPolicy
+
+FAST = RetryPolicy(attempts=5, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
+BLOB_SIZE = 3 * 1024 * 1024 + 17
+
+
+@pytest.fixture
+def blob(fixture_tree: Fixture) -> Path:
+    return make_blob(fixture_tree, "blob.bin", BLOB_SIZE)
+
+
+def artifact_for(path: Path, server: UpstreamServer, *, sha256: str | None = None) -> Artifact:
+    data = path.read_bytes()
+    return Artifact(path.stem, path.name, f"{server.url}/files/{path.name}",
+                    sha256 or hashlib.sha256(data).hexdigest(), len(data))
+
+
+def make_fetcher(cache_dir: Path, **kwargs: object) -> tuple[Fetcher, io.StringIO]:
+    log = io.StringIO()
+    fetcher = Fetcher(Cache(cache_dir), PlainReporter(log), policy=kwargs.pop("policy", FAST), **kwargs)  # type: ignore[arg-type]
+    return fetcher, log
+
+
+def test_fetch_verifies_and_caches_by_hash(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    path = fetcher.fetch_one(artifact)
+    assert path == tmp_path / "cache" / "blobs" / "sha256" / artifact.sha256[:2] / artifact.sha256
+    assert path.read_bytes() == blob.read_bytes()
+    assert not list((tmp_path / "cache" / "partial").iterdir()), "no partial file is left behind"
+    before = len(upstream.log)
+    fetcher.fetch_one(artifact)
+    assert len(upstream.log) == before, "a cached artifact is not downloaded again"
+
+
+@pytest.mark.parametrize("cut_at", [1, 65536, BLOB_SIZE // 2, BLOB_SIZE - 1])
+def test_resume_after_cut_fetches_only_the_remainder(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, cut_at: int
+) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("cut", after=cut_at))
+    fetcher, log = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    gets = [r for r in upstream.requests_for("/files/blob.bin") if r.method == "GET"]
+    assert [r.range for r in gets] == [None, f"bytes={cut_at}-"]
+    assert [r.status for r in gets] == [200, 206]
+    assert upstream.body_bytes("/files/blob.bin") == BLOB_SIZE, "only the remainder was sent again"
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+    assert "retry" in log.getvalue()
+
+
+def test_resume_survives_several_cuts_and_a_new_process(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", *[Fault("cut", after=300_000) for _ in range(3)])
+    # First run gives up after two attempts, keeping what it has...
+    fetcher, _ = make_fetcher(tmp_path / "cache", policy=RetryPolicy(attempts=2, backoff=0.01, read_timeout=2))
+    with pytest.raises(NetworkError, match="kept breaking off"):
+        fetcher.fetch_one(artifact)
+    kept = fetcher.cache.partial(artifact.sha256).stat().st_size
+    assert kept == 600_000
+    # ...and a later run (a new Fetcher, as a new process would be) resumes from there.
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    assert upstream.body_bytes("/files/blob.bin") == BLOB_SIZE
+    assert fetcher.bytes_transferred == BLOB_SIZE - 600_000
+
+
+def test_server_ignoring_range_gets_a_clean_restart(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("cut", after=1_000_000), Fault("ignore-range"))
+    fetcher, log = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    statuses = [r.status for r in upstream.requests_for("/files/blob.bin")]
+    assert statuses == [200, 200]
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+    assert "ignored the range request" in log.getvalue()
+
+
+def test_stalled_body_is_abandoned_and_resumed(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("stall", after=500_000, seconds=4))
+    fetcher, _ = make_fetcher(tmp_path / "cache", policy=RetryPolicy(attempts=3, backoff=0.01, read_timeout=0.5))
+    fetcher.fetch_one(artifact)
+    ranges = [r.range for r in upstream.requests_for("/files/blob.bin")]
+    assert ranges[-1] == "bytes=500000-"
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+
+
+def test_corrupted_bytes_are_rejected_and_not_cached(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("wrong-bytes"))
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    with pytest.raises(HashMismatchError) as caught:
+        fetcher.fetch_one(artifact)
+    message = str(caught.value)
+    assert "blob.bin" in message and artifact.url in message and artifact.sha256 in message
+    actual = hashlib.sha256(bytes(b ^ 0x5A for b in blob.read_bytes()[:64]) + blob.read_bytes()[64:]).hexdigest()
+    assert actual in message, "the error shows the hash actually received"
+    assert not fetcher.cache.blob(artifact.sha256).exists()
+    assert not fetcher.cache.partial(artifact.sha256).exists()
+    fetcher.fetch_one(artifact)  # the next (clean) attempt starts from zero and succeeds
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+
+
+def test_wrong_pin_never_enters_the_cache(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream, sha256="0" * 64)
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    with pytest.raises(HashMismatchError):
+        fetcher.fetch_one(artifact)
+    assert not any(p.is_file() for p in (tmp_path / "cache" / "blobs").rglob("*"))
+
+
+def test_5xx_and_429_bursts_are_retried_through(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("status", times=2, status=503),
+                    Fault("status", status=429, retry_after="0"), Fault("status", status=500))
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    assert [r.status for r in upstream.requests_for("/files/blob.bin")] == [503, 503, 429, 500, 200]
+    assert fetcher.cache.blob(artifact.sha256).exists()
+
+
+def test_endless_5xx_ends_in_a_clear_error(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("status", times=None, status=502))
+    fetcher, _ = make_fetcher(tmp_path / "cache", policy=RetryPolicy(attempts=3, backoff=0.01))
+    with pytest.raises(NetworkError, match="kept answering HTTP 502"):
+        fetcher.fetch_one(artifact)
+    assert len(upstream.requests_for("/files/blob.bin")) == 3, "bounded: exactly `attempts` requests"
+
+
+def test_parallel_fetch_of_many_files(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path) -> None:
+    blobs = [make_blob(fixture_tree, f"part{i}.bin", 200_000 + i) for i in range(6)]
+    artifacts = [artifact_for(b, upstream) for b in blobs]
+    fetcher, _ = make_fetcher(tmp_path / "cache", jobs=4)
+    paths = fetcher.fetch_all(artifacts)
+    assert {p.read_bytes() for p in paths.values()} == {b.read_bytes() for b in blobs}
+
+
+def test_offline_with_full_cache_opens_no_connection(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact = artifact_for(blob, upstream)
+    make_fetcher(tmp_path / "cache")[0].fetch_one(artifact)
+    upstream.reset()
+
+    import socket
+
+    def no_connections(*args: object, **kwargs: object) -> None:
+        raise AssertionError("offline fetch opened a connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_connections)
+    fetcher, _ = make_fetcher(tmp_path / "cache", offline=True)
+    assert fetcher.fetch_all([artifact]) == {artifact.sha256: fetcher.cache.blob(artifact.sha256)}
+    assert upstream.log == []
+
+
+def test_offline_lists_every_missing_artifact(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path) -> None:
+    artifacts = [artifact_for(make_blob(fixture_tree, f"part{i}.bin", 200_000 + i), upstream) for i in range(3)]
+    fetcher, _ = make_fetcher(tmp_path / "cache", offline=True)
+    with pytest.raises(OfflineMissingError) as caught:
+        fetcher.fetch_all(artifacts)
+    assert all(a.filename in str(caught.value) for a in artifacts)
+    assert upstream.log == []
+
+
+def test_mirror_directory_serves_the_same_file_names(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    fetcher, _ = make_fetcher(tmp_path / "cache", mirror=str(blob.parent))
+    fetcher.fetch_one(artifact)
+    assert upstream.log == [], "a directory mirror replaces upstream entirely"
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+
+
+def test_mirror_url_is_used_instead_of_upstream(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = Artifact("blob", blob.name, "https://unreachable.invalid/blob.bin",
+                        hashlib.sha256(blob.read_bytes()).hexdigest(), BLOB_SIZE)
+    fetcher, _ = make_fetcher(tmp_path / "cache", mirror=f"{upstream.url}/files/")
+    fetcher.fetch_one(artifact)
+    assert [r.path for r in upstream.log] == ["/files/blob.bin"]
+
+
+def test_plain_http_to_a_remote_host_is_refused(tmp_path: Path) -> None:
+    artifact = Artifact("x", "x.whl", "http://example.com/x.whl", "0" * 64, 1)
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    with pytest.raises(Exception, match="only https://"):
+        fetcher.fetch_one(artifact)
+
+
+def test_disk_full_removes_the_partial_file(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    """A real full disk: the cache lives on a 1 MiB tmpfs and the file is 3 MiB."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
+    try:
+        artifact = artifact_for(blob, upstream)
+        fetcher, _ = make_fetcher(mount_point / "cache")
+        with pytest.raises(DiskFullError, match="disk full while downloading blob.bin"):
+            fetcher.fetch_one(artifact)
+        assert not fetcher.cache.partial(artifact.sha256).exists()
+        assert not fetcher.cache.blob(artifact.sha256).exists()
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a loopback port with nobody listening: refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
+                     "--mirror", f"http://127.0.0.1:{port}/", "--retries", "2", "--plain")
+    assert_one_line_error(result, f"cannot reach 127.0.0.1:{port}", "--mirror", "--offline")
+
+
+def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
+    result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache", "--offline")
+    assert_one_line_error(result, "--offline", "missing from the cache", "torch-2.9.0")
+
+
+def test_cli_disk_full_is_one_line(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path,
+                                   locked: Path) -> None:
+    mount_point = tmp_path / "tiny"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount_point)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
+    try:
+        result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", mount_point,
+                         "--mirror", f"{upstream.url}/mirror/", "--plain", "--jobs", "1")
+        assert_one_line_error(result, "disk full while downloading", "partial file was removed", "--cache-dir")
+        assert not [p for p in (mount_point / "partial").iterdir() if p.suffix == ".part"]
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False)
+
+
+def test_two_concurrent_fetches_share_one_cache(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path,
+                                                locked: Path) -> None:
+    # Slow the biggest file down so that both processes are in flight together.
+    upstream.inject("*", Fault("throttle", times=None, rate=20_000))
+    command = ["fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
+               "--mirror", f"{upstream.url}/mirror/", "--plain"]
+    import sys
+
+    procs = [subprocess.Popen([sys.executable, "-m", "vllm_bundle", *map(str, command)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    gets = [r for r in upstream.log if r.method == "GET"]
+    assert len({r.path for r in gets}) == len(gets), "each file was downloaded once, by one of the two"
+    again = run_cli(*command, "--offline")
+    assert again.returncode == 0, again.stderr

@@ -1,0 +1,148 @@
+"""The lock step against the fake upstream: pins equal the served bytes; --check catches drift."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_cli
+from tests.upstream.fixture import ROCM_VERSION, TORCH_VERSION, Fixture
+from tests.upstream.server import UpstreamServer
+from vllm_bundle.lockfile import read_lock, wheel_artifacts
+from vllm_bundle.recipes import load_recipes
+
+
+def lock_docs(recipes: Path, target: str = "gfx1151", channel: str = "stable") -> tuple[dict, dict]:
+    with (recipes / "locks" / channel / f"{target}.toml").open("rb") as f:
+        lock = tomllib.load(f)
+    with (recipes / "locks" / channel / f"pylock.{target}.toml").open("rb") as f:
+        return lock, tomllib.load(f)
+
+
+def test_lock_hashes_and_sizes_equal_the_served_bytes(locked: Path, fixture_tree: Fixture) -> None:
+    lock, pylock = lock_docs(locked)
+    pinned = [(a["filename"], a["sha256"], a["size"]) for a in lock["artifacts"]]
+    for package in pylock["packages"]:
+        (wheel,) = package["wheels"]
+        pinned.append((wheel["url"].rsplit("/", 1)[-1], wheel["hashes"]["sha256"], wheel["size"]))
+    assert len(pinned) > 10
+    for filename, sha, size in pinned:
+        served = fixture_tree.files.get(filename) or fixture_tree.releases / filename
+        assert sha == fixture_tree.sha256(filename), filename
+        assert size == served.stat().st_size, filename
+
+
+def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
+    lock, pylock = lock_docs(locked)
+    names = {p["name"] for p in pylock["packages"]}
+    assert {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "rocm-sdk-device-gfx1151",
+            "torch", "amd-torch-device-gfx1151", "triton"} <= names
+    assert not any(n.endswith(("gfx1100", "gfx950")) for n in names), "only the target's ISAs"
+    assert {"fastapi", "pydantic", "regex", "sentencepiece"} <= names, "vLLM's requirement closure"
+    assert lock["versions"] == {"python": "3.12.12", "rocm": ROCM_VERSION, "torch": TORCH_VERSION,
+                                "triton": f"3.5.0+rocm{ROCM_VERSION}", "vllm": "0.33.0"}
+    assert {a["role"] for a in lock["artifacts"]} == {"python", "vllm-sdist"}
+    python = next(a for a in lock["artifacts"] if a["role"] == "python")
+    assert python["url"].startswith("https://github.com/astral-sh/python-build-standalone/releases/download/")
+
+
+def test_lock_keeps_the_one_wheel_the_bundle_installs(locked: Path) -> None:
+    _, pylock = lock_docs(locked)
+    regex = next(p for p in pylock["packages"] if p["name"] == "regex")
+    assert [w["url"].rsplit("/", 1)[-1] for w in regex["wheels"]] == [
+        "regex-2025.11.3-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+    ]
+
+
+def test_vllm_torch_pins_are_replaced_by_therock_builds(locked: Path) -> None:
+    _, pylock = lock_docs(locked)
+    torch = next(p for p in pylock["packages"] if p["name"] == "torch")
+    assert torch["version"] == TORCH_VERSION  # vLLM's requirements/rocm.txt asked for torch==2.9.0
+
+
+def test_lock_check_passes_on_a_fresh_lock(locked: Path) -> None:
+    result = run_cli("lock", "--check", "--recipes", locked)
+    assert result.returncode == 0, result.stderr
+    assert "ok     stable/gfx1151" in result.stdout
+
+
+def test_fetch_artifacts_come_from_the_lock(locked: Path) -> None:
+    recipes = load_recipes(locked)
+    lock, pylock = read_lock(locked / "locks", "stable", "gfx1151")
+    wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
+    assert all(a.size and len(a.sha256) == 64 for a in [*lock.artifacts, *wheels])
+
+
+@pytest.fixture
+def locked_copy(locked: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "recipes"
+    shutil.copytree(locked, copy)
+    return copy
+
+
+def test_lock_out_of_date_with_its_recipe(locked_copy: Path) -> None:
+    channels = locked_copy / "channels.toml"
+    channels.write_text(channels.read_text().replace('torch = ">=2.9"', 'torch = ">=2.10"', 1))
+    result = run_cli("lock", "--check", "--recipes", locked_copy)
+    assert_one_line_error(result, "out of date with its recipe", "nox -s lock -- gfx1151 --channel stable")
+    fetch = run_cli("fetch", "gfx1151", "--recipes", locked_copy, "--offline", "--cache-dir", locked_copy / "c")
+    assert_one_line_error(fetch, "out of date"), "fetch refuses a stale lock too"
+
+
+def test_hand_edited_pylock_is_refused(locked_copy: Path) -> None:
+    pylock = locked_copy / "locks" / "stable" / "pylock.gfx1151.toml"
+    pylock.write_text(pylock.read_text().replace("fastapi", "fastapi-evil", 1))
+    result = run_cli("lock", "--check", "--recipes", locked_copy)
+    assert_one_line_error(result, "pylock.gfx1151.toml does not match gfx1151.toml")
+
+
+def test_missing_lock_says_where_to_make_it(recipes_dir: Path) -> None:
+    result = run_cli("lock", "--check", "gfx950", "--recipes", recipes_dir)
+    assert_one_line_error(result, "no lock for stable/gfx950", "nox -s lock")
+
+
+def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    again = tmp_path / "recipes"
+    shutil.copytree(locked, again)
+    result = run_cli("lock", "gfx1151", "--recipes", again, "--index", f"{upstream.url}/simple/",
+                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    assert result.returncode == 0, result.stderr
+    for name in ("gfx1151.toml", "pylock.gfx1151.toml"):
+        assert (again / "locks" / "stable" / name).read_bytes() == (locked / "locks" / "stable" / name).read_bytes()
+
+
+def test_lock_for_a_multi_isa_target(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    result = run_cli("lock", "gfx110X", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
+                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    assert result.returncode == 0, result.stderr
+    _, pylock = lock_docs(recipes, "gfx110X")
+    names = {p["name"] for p in pylock["packages"]}
+    for isa in ("gfx1100", "gfx1101", "gfx1102", "gfx1103"):
+        assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= names
+
+
+def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    components = recipes / "components.toml"
+    components.write_text(components.read_text().replace('version = "3.12.12"', 'version = "3.12.99"'))
+    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
+                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    assert_one_line_error(result, "does not list cpython-3.12.99", "components.toml")
+
+
+def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    channels = recipes / "channels.toml"
+    channels.write_text(channels.read_text().replace('rocm = ">=7.10"', 'rocm = ">=9"', 1))
+    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
+                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
+    assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == \
+        (locked / "locks" / "stable" / "gfx1151.toml").read_bytes(), "a failed lock leaves the old one intact"

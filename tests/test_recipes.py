@@ -1,0 +1,97 @@
+"""Recipes: the real ones load; user mistakes give one line naming file and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, assert_one_line_error, run_cli
+from vllm_bundle.errors import RecipeError, UnknownTargetError
+from vllm_bundle.recipes import load_recipes
+
+DESIGN_TARGETS = {
+    "gfx1151": ("gfx1151",),
+    "gfx1150": ("gfx1150",),
+    "gfx110X": ("gfx1100", "gfx1101", "gfx1102", "gfx1103"),
+    "gfx120X": ("gfx1200", "gfx1201"),
+    "gfx942": ("gfx942",),
+    "gfx950": ("gfx950",),
+}
+LEGACY_FAMILIES = {"gfx1151": "gfx1151", "gfx1150": "gfx1150", "gfx110X": "gfx110X-all",
+                   "gfx120X": "gfx120X-all", "gfx942": "gfx94X-dcgpu", "gfx950": "gfx950-dcgpu"}
+
+
+def test_repository_recipes_hold_the_design_target_table() -> None:
+    recipes = load_recipes(REPO / "recipes")
+    assert {name: t.isas for name, t in recipes.targets.items()} == DESIGN_TARGETS
+    assert {name: t.legacy_family for name, t in recipes.targets.items()} == LEGACY_FAMILIES
+    gfx110x = recipes.target("gfx110X")
+    assert gfx110x.pytorch_rocm_arch == "gfx1100;gfx1101;gfx1102;gfx1103"
+    assert "rocm-sdk-device-gfx1102" in gfx110x.device_wheels
+    assert "amd-torch-device-gfx1102" in gfx110x.device_wheels
+    assert {"stable", "nightly"} <= set(recipes.channels)
+    assert recipes.python.asset.endswith("-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz")
+
+
+def test_per_family_channel_uses_the_legacy_family_name() -> None:
+    recipes = load_recipes(REPO / "recipes")
+    legacy = recipes.channel("nightly-legacy")
+    assert legacy.therock_index_for(recipes.target("gfx110X")).endswith("/v2/gfx110X-all/")
+
+
+def test_unknown_target_lists_the_valid_ones() -> None:
+    recipes = load_recipes(REPO / "recipes")
+    with pytest.raises(UnknownTargetError) as caught:
+        recipes.target("gfx9999")
+    assert "gfx9999" in str(caught.value)
+    assert all(name in str(caught.value) for name in DESIGN_TARGETS)
+
+
+def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
+    result = run_cli("fetch", "gfx1234", "--recipes", REPO / "recipes", "--cache-dir", tmp_path)
+    assert_one_line_error(result, "unknown target 'gfx1234'", "gfx1151, gfx1150, gfx110X")
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "where"),
+    [
+        ("targets.toml", 'isas = ["gfx1151"]', 'isas = "gfx1151"', "targets.toml: targets.gfx1151.isas"),
+        ("targets.toml", 'size-budget-gib = 24\n', 'size-budget-gib = -1\n', "targets.toml: targets.gfx1151.size-budget-gib"),
+        ("channels.toml", 'rocm = ">=7.10"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
+        ("channels.toml", 'therock-layout = "multi-arch"', 'therock-layout = "flat"', "channels.stable.therock-layout"),
+        ("components.toml", 'release = "', 'release = "x', "components.toml: python.release"),
+        ("components.toml", 'version = "0.33.0"', 'version = "latest"', "components.toml: vllm.version"),
+        ("components.toml", 'requirement-files = ["requirements/rocm.txt"]', "requirement-files = []",
+         "components.toml: vllm.requirement-files"),
+    ],
+)
+def test_malformed_recipe_names_file_and_key(recipes_dir: Path, file: str, old: str, new: str, where: str) -> None:
+    path = recipes_dir / file
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(RecipeError, match="bad recipe") as caught:
+        load_recipes(recipes_dir)
+    assert where in str(caught.value)
+    result = run_cli("lock", "--check", "gfx1151", "--recipes", recipes_dir)
+    assert_one_line_error(result, where, "expected")
+
+
+def test_invalid_toml_is_one_line(recipes_dir: Path) -> None:
+    (recipes_dir / "channels.toml").write_text("[channels.stable\n")
+    result = run_cli("lock", "--check", "--recipes", recipes_dir)
+    assert_one_line_error(result, "channels.toml", "not valid TOML")
+
+
+def test_recipe_hash_tracks_only_what_the_lock_depends_on(recipes_dir: Path) -> None:
+    recipes = load_recipes(recipes_dir)
+    gfx1151, gfx950 = recipes.target("gfx1151"), recipes.target("gfx950")
+    stable = recipes.channel("stable")
+    before = (recipes.recipe_hash(gfx1151, stable), recipes.recipe_hash(gfx950, stable))
+    targets = recipes_dir / "targets.toml"
+    targets.write_text(targets.read_text().replace('isas = ["gfx950"]', 'isas = ["gfx950", "gfx951"]'))
+    recipes = load_recipes(recipes_dir)
+    after = (recipes.recipe_hash(recipes.target("gfx1151"), stable), recipes.recipe_hash(recipes.target("gfx950"), stable))
+    assert after[0] == before[0], "another target's change does not stale this lock"
+    assert after[1] != before[1]

@@ -1,0 +1,240 @@
+"""A local HTTP server on 127.0.0.1 that plays upstream (release mirror + package index), with faults.
+
+Hand-written on http.server because fault injection at the byte level (cut a body after N bytes,
+stall mid-body, ignore Range) needs control that ready-made test servers do not expose.
+
+Serving rules:
+- files under ``root`` by path; ``GET /x/`` serves ``x/index.json`` when the client asks for PEP 691
+  JSON (Accept), else ``x/index.html`` (PEP 503);
+- Range (``bytes=N-`` / ``bytes=N-M``) with 206 + Content-Range, If-Range against a strong ETag;
+- every request is logged with the bytes of body it carried, so tests can assert what was moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+@dataclass
+class Fault:
+    """One misbehaviour, applied to the next ``times`` requests of a path (None: every request)."""
+
+    kind: str  # "status" | "cut" | "ignore-range" | "wrong-bytes" | "stall" | "throttle"
+    times: int | None = 1
+    status: int = 500
+    retry_after: str | None = None
+    after: int = 0  # cut/stall: body bytes sent first
+    seconds: float = 0.0  # stall length
+    rate: int = 0  # throttle: bytes per second
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    range: str | None
+    status: int
+    body_bytes: int
+
+
+@dataclass
+class UpstreamServer:
+    root: Path
+    faults: dict[str, list[Fault]] = field(default_factory=dict)
+    log: list[Request] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    httpd: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    # -- control -----------------------------------------------------------------------------
+
+    def start(self) -> UpstreamServer:
+        handler = type("Handler", (_Handler,), {"upstream": self})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.httpd:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self.httpd is not None
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def inject(self, path: str, *faults: Fault) -> None:
+        with self.lock:
+            self.faults.setdefault(path, []).extend(faults)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.faults.clear()
+            self.log.clear()
+
+    def requests_for(self, path: str) -> list[Request]:
+        with self.lock:
+            return [r for r in self.log if r.path == path]
+
+    def body_bytes(self, path: str | None = None) -> int:
+        with self.lock:
+            return sum(r.body_bytes for r in self.log if path is None or r.path == path)
+
+    # -- used by the handler -----------------------------------------------------------------
+
+    def take_fault(self, path: str) -> Fault | None:
+        with self.lock:
+            queue = self.faults.get(path) or self.faults.get("*")
+            if not queue:
+                return None
+            fault = queue[0]
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    queue.pop(0)
+            return fault
+
+    def record(self, request: Request) -> None:
+        with self.lock:
+            self.log.append(request)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    upstream: UpstreamServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet
+        return
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _resolve(self, path: str) -> Path | None:
+        target = (self.upstream.root / path.lstrip("/")).resolve()
+        if not target.is_relative_to(self.upstream.root.resolve()):
+            return None
+        if path.endswith("/"):
+            wants_json = JSON_TYPE in self.headers.get("Accept", "")
+            target = target / ("index.json" if wants_json and (target / "index.json").exists() else "index.html")
+        return target if target.is_file() else None
+
+    def _serve(self, head: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        fault = self.upstream.take_fault(path)
+        if fault and fault.kind == "status":
+            self._status_only(path, fault)
+            return
+        file = self._resolve(path)
+        if file is None:
+            self._send_simple(path, 404, b"not found")
+            return
+        data = file.read_bytes()
+        if fault and fault.kind == "wrong-bytes":
+            data = bytes(b ^ 0x5A for b in data[:64]) + data[64:]
+        etag = '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
+        start, end, status = self._range(len(data), etag, ignore=bool(fault and fault.kind == "ignore-range"))
+        if status == 416:
+            self._send_simple(path, 416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            return
+        body = data[start : end + 1]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", etag)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Type", self._content_type(file))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.end_headers()
+        # Logged before the body goes out, so a client that has read it finds the entry in place.
+        planned = 0 if head else self._planned_bytes(len(body), fault)
+        entry = Request(self.command, path, self.headers.get("Range"), status, planned)
+        self.upstream.record(entry)
+        if not head:
+            sent = self._send_body(body, fault)
+            with self.upstream.lock:
+                entry.body_bytes = sent
+
+    @staticmethod
+    def _planned_bytes(length: int, fault: Fault | None) -> int:
+        return min(fault.after, length) if fault and fault.kind in ("cut", "stall") else length
+
+    def _range(self, total: int, etag: str, ignore: bool) -> tuple[int, int, int]:
+        header = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
+        if ignore or not header or not header.startswith("bytes=") or (if_range and if_range != etag):
+            return 0, total - 1, 200
+        first, _, last = header[len("bytes=") :].partition("-")
+        start = int(first or 0)
+        end = min(int(last), total - 1) if last else total - 1
+        if start >= total:
+            return 0, 0, 416
+        return start, end, 206
+
+    def _send_body(self, body: bytes, fault: Fault | None) -> int:
+        sent = 0
+        try:
+            if fault and fault.kind in ("cut", "stall"):
+                self.wfile.write(body[: fault.after])
+                self.wfile.flush()
+                sent = min(fault.after, len(body))
+                if fault.kind == "stall":
+                    time.sleep(fault.seconds)
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return sent
+            if fault and fault.kind == "throttle":
+                return self._send_throttled(body, fault.rate)
+            self.wfile.write(body)
+            return len(body)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+            return sent
+
+    def _send_throttled(self, body: bytes, rate: int) -> int:
+        step = max(1, rate // 20)
+        began = time.monotonic()
+        sent = 0
+        while sent < len(body):
+            self.wfile.write(body[sent : sent + step])
+            sent += min(step, len(body) - sent)
+            ahead = sent / rate - (time.monotonic() - began)
+            if ahead > 0:
+                time.sleep(ahead)
+        return sent
+
+    def _status_only(self, path: str, fault: Fault) -> None:
+        extra = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        self._send_simple(path, fault.status, b"injected failure", extra)
+
+    def _send_simple(self, path: str, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.upstream.record(Request(self.command, path, self.headers.get("Range"), status, 0))
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    @staticmethod
+    def _content_type(file: Path) -> str:
+        if file.name == "index.json":
+            return JSON_TYPE
+        if file.suffix == ".html":
+            return "text/html"
+        return "application/octet-stream"
