@@ -45,13 +45,21 @@ def recipes_dir(tmp_path: Path) -> Path:
     return dest
 
 
-def run_cli(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run ``vllm-bundle`` as a user would (a separate process), capturing its output."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("VLLM_BUNDLE_CACHE_DIR", None) if env is None or "VLLM_BUNDLE_CACHE_DIR" not in env else None
-    return subprocess.run([sys.executable, "-m", "vllm_bundle", *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_bundle", *map(str, args)],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
@@ -70,7 +78,18 @@ def locked(_server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) ->
     """A copy of the recipes with a gfx1151 (stable) lock made against the fake upstream."""
     recipes = tmp_path_factory.mktemp("locked") / "recipes"
     shutil.copytree(REPO / "recipes", recipes, ignore=shutil.ignore_patterns("locks"))
-    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{_server.url}/simple/",
-                     "--mirror", f"{_server.url}/releases/", "--cache-dir", recipes.parent / "lock-cache", "--plain")
+    result = run_cli(
+        "lock",
+        "gfx1151",
+        "--recipes",
+        recipes,
+        "--index",
+        f"{_server.url}/simple/",
+        "--mirror",
+        f"{_server.url}/releases/",
+        "--cache-dir",
+        recipes.parent / "lock-cache",
+        "--plain",
+    )
     assert result.returncode == 0, result.stderr
     return recipes

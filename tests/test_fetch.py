@@ -29,8 +29,9 @@ def blob(fixture_tree: Fixture) -> Path:
 
 def artifact_for(path: Path, server: UpstreamServer, *, sha256: str | None = None) -> Artifact:
     data = path.read_bytes()
-    return Artifact(path.stem, path.name, f"{server.url}/files/{path.name}",
-                    sha256 or hashlib.sha256(data).hexdigest(), len(data))
+    return Artifact(
+        path.stem, path.name, f"{server.url}/files/{path.name}", sha256 or hashlib.sha256(data).hexdigest(), len(data)
+    )
 
 
 def make_fetcher(cache_dir: Path, **kwargs: object) -> tuple[Fetcher, io.StringIO]:
@@ -130,8 +131,12 @@ def test_wrong_pin_never_enters_the_cache(upstream: UpstreamServer, blob: Path, 
 
 def test_5xx_and_429_bursts_are_retried_through(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
     artifact = artifact_for(blob, upstream)
-    upstream.inject("/files/blob.bin", Fault("status", times=2, status=503),
-                    Fault("status", status=429, retry_after="0"), Fault("status", status=500))
+    upstream.inject(
+        "/files/blob.bin",
+        Fault("status", times=2, status=503),
+        Fault("status", status=429, retry_after="0"),
+        Fault("status", status=500),
+    )
     fetcher, _ = make_fetcher(tmp_path / "cache")
     fetcher.fetch_one(artifact)
     assert [r.status for r in upstream.requests_for("/files/blob.bin")] == [503, 503, 429, 500, 200]
@@ -191,8 +196,13 @@ def test_mirror_directory_serves_the_same_file_names(upstream: UpstreamServer, b
 
 
 def test_mirror_url_is_used_instead_of_upstream(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
-    artifact = Artifact("blob", blob.name, "https://unreachable.invalid/blob.bin",
-                        hashlib.sha256(blob.read_bytes()).hexdigest(), BLOB_SIZE)
+    artifact = Artifact(
+        "blob",
+        blob.name,
+        "https://unreachable.invalid/blob.bin",
+        hashlib.sha256(blob.read_bytes()).hexdigest(),
+        BLOB_SIZE,
+    )
     fetcher, _ = make_fetcher(tmp_path / "cache", mirror=f"{upstream.url}/files/")
     fetcher.fetch_one(artifact)
     assert [r.path for r in upstream.log] == ["/files/blob.bin"]
@@ -209,14 +219,15 @@ def test_disk_full_removes_the_partial_file(upstream: UpstreamServer, blob: Path
     """A real full disk: the cache lives on a 1 MiB tmpfs and the file is 3 MiB."""
     mount_point = tmp_path / "small-disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, check=False
+    )
     if mounted.returncode != 0:
         pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
     try:
         artifact = artifact_for(blob, upstream)
         fetcher, _ = make_fetcher(mount_point / "cache")
-        with pytest.raises(DiskFullError, match="disk full while downloading blob.bin"):
+        with pytest.raises(DiskFullError, match=r"disk full while downloading blob\.bin"):
             fetcher.fetch_one(artifact)
         assert not fetcher.cache.partial(artifact.sha256).exists()
         assert not fetcher.cache.blob(artifact.sha256).exists()
@@ -230,8 +241,19 @@ def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) ->
     with socket.socket() as probe:  # a loopback port with nobody listening: refused at once
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
-                     "--mirror", f"http://127.0.0.1:{port}/", "--retries", "2", "--plain")
+    result = run_cli(
+        "fetch",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--mirror",
+        f"http://127.0.0.1:{port}/",
+        "--retries",
+        "2",
+        "--plain",
+    )
     assert_one_line_error(result, f"cannot reach 127.0.0.1:{port}", "--mirror", "--offline")
 
 
@@ -240,36 +262,90 @@ def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
     assert_one_line_error(result, "--offline", "missing from the cache", "torch-2.9.0")
 
 
-def test_cli_disk_full_is_one_line(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path,
-                                   locked: Path) -> None:
+def test_cli_disk_full_is_one_line(
+    upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path, locked: Path
+) -> None:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount_point)],
-                             capture_output=True, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount_point)], capture_output=True, check=False
+    )
     if mounted.returncode != 0:
         pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
     try:
-        result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", mount_point,
-                         "--mirror", f"{upstream.url}/mirror/", "--plain", "--jobs", "1")
+        result = run_cli(
+            "fetch",
+            "gfx1151",
+            "--recipes",
+            locked,
+            "--cache-dir",
+            mount_point,
+            "--mirror",
+            f"{upstream.url}/mirror/",
+            "--plain",
+            "--jobs",
+            "1",
+        )
         assert_one_line_error(result, "disk full while downloading", "partial file was removed", "--cache-dir")
         assert not [p for p in (mount_point / "partial").iterdir() if p.suffix == ".part"]
     finally:
         subprocess.run(["umount", str(mount_point)], check=False)
 
 
-def test_two_concurrent_fetches_share_one_cache(upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path,
-                                                locked: Path) -> None:
+def test_two_concurrent_fetches_share_one_cache(
+    upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path, locked: Path
+) -> None:
     # Slow the biggest file down so that both processes are in flight together.
     upstream.inject("*", Fault("throttle", times=None, rate=20_000))
-    command = ["fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
-               "--mirror", f"{upstream.url}/mirror/", "--plain"]
+    command = [
+        "fetch",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--plain",
+    ]
     import sys
 
-    procs = [subprocess.Popen([sys.executable, "-m", "vllm_bundle", *map(str, command)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vllm_bundle", *map(str, command)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     gets = [r for r in upstream.log if r.method == "GET"]
     assert len({r.path for r in gets}) == len(gets), "each file was downloaded once, by one of the two"
     again = run_cli(*command, "--offline")
     assert again.returncode == 0, again.stderr
+
+
+def test_rich_progress_on_a_terminal(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from vllm_bundle.progress import RichReporter
+
+    screen = io.StringIO()
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("cut", after=100_000))
+    reporter = RichReporter(Console(file=screen, force_terminal=True, width=120), artifact.size)
+    with Fetcher(Cache(tmp_path / "cache"), reporter, policy=FAST) as fetcher:
+        fetcher.fetch_all([artifact])
+    output = screen.getvalue()
+    assert "blob.bin" in output and "total" in output and "retry" in output
+
+
+def test_plain_progress_lines_when_not_a_terminal(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
+                     "--mirror", f"{upstream.url}/mirror/")
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stderr, "no terminal escapes in logs"
+    assert any(line.startswith("done   torch-2.9.0") for line in result.stderr.splitlines())
+    assert "already cached" in result.stdout

@@ -38,12 +38,25 @@ def test_lock_hashes_and_sizes_equal_the_served_bytes(locked: Path, fixture_tree
 def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
     lock, pylock = lock_docs(locked)
     names = {p["name"] for p in pylock["packages"]}
-    assert {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "rocm-sdk-device-gfx1151",
-            "torch", "amd-torch-device-gfx1151", "triton"} <= names
+    assert {
+        "rocm",
+        "rocm-sdk-core",
+        "rocm-sdk-libraries",
+        "rocm-sdk-devel",
+        "rocm-sdk-device-gfx1151",
+        "torch",
+        "amd-torch-device-gfx1151",
+        "triton",
+    } <= names
     assert not any(n.endswith(("gfx1100", "gfx950")) for n in names), "only the target's ISAs"
     assert {"fastapi", "pydantic", "regex", "sentencepiece"} <= names, "vLLM's requirement closure"
-    assert lock["versions"] == {"python": "3.12.12", "rocm": ROCM_VERSION, "torch": TORCH_VERSION,
-                                "triton": f"3.5.0+rocm{ROCM_VERSION}", "vllm": "0.33.0"}
+    assert lock["versions"] == {
+        "python": "3.12.12",
+        "rocm": ROCM_VERSION,
+        "torch": TORCH_VERSION,
+        "triton": f"3.5.0+rocm{ROCM_VERSION}",
+        "vllm": "0.33.0",
+    }
     assert {a["role"] for a in lock["artifacts"]} == {"python", "vllm-sdist"}
     python = next(a for a in lock["artifacts"] if a["role"] == "python")
     assert python["url"].startswith("https://github.com/astral-sh/python-build-standalone/releases/download/")
@@ -107,8 +120,19 @@ def test_missing_lock_says_where_to_make_it(recipes_dir: Path) -> None:
 def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
     again = tmp_path / "recipes"
     shutil.copytree(locked, again)
-    result = run_cli("lock", "gfx1151", "--recipes", again, "--index", f"{upstream.url}/simple/",
-                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    result = run_cli(
+        "lock",
+        "gfx1151",
+        "--recipes",
+        again,
+        "--index",
+        f"{upstream.url}/simple/",
+        "--mirror",
+        f"{upstream.url}/releases/",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--plain",
+    )
     assert result.returncode == 0, result.stderr
     for name in ("gfx1151.toml", "pylock.gfx1151.toml"):
         assert (again / "locks" / "stable" / name).read_bytes() == (locked / "locks" / "stable" / name).read_bytes()
@@ -117,8 +141,19 @@ def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_pat
 def test_lock_for_a_multi_isa_target(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
-    result = run_cli("lock", "gfx110X", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
-                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    result = run_cli(
+        "lock",
+        "gfx110X",
+        "--recipes",
+        recipes,
+        "--index",
+        f"{upstream.url}/simple/",
+        "--mirror",
+        f"{upstream.url}/releases/",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--plain",
+    )
     assert result.returncode == 0, result.stderr
     _, pylock = lock_docs(recipes, "gfx110X")
     names = {p["name"] for p in pylock["packages"]}
@@ -131,8 +166,19 @@ def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: Up
     shutil.copytree(locked, recipes)
     components = recipes / "components.toml"
     components.write_text(components.read_text().replace('version = "3.12.12"', 'version = "3.12.99"'))
-    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
-                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    result = run_cli(
+        "lock",
+        "gfx1151",
+        "--recipes",
+        recipes,
+        "--index",
+        f"{upstream.url}/simple/",
+        "--mirror",
+        f"{upstream.url}/releases/",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--plain",
+    )
     assert_one_line_error(result, "does not list cpython-3.12.99", "components.toml")
 
 
@@ -141,8 +187,20 @@ def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServ
     shutil.copytree(locked, recipes)
     channels = recipes / "channels.toml"
     channels.write_text(channels.read_text().replace('rocm = ">=7.10"', 'rocm = ">=9"', 1))
-    result = run_cli("lock", "gfx1151", "--recipes", recipes, "--index", f"{upstream.url}/simple/",
-                     "--mirror", f"{upstream.url}/releases/", "--cache-dir", tmp_path / "cache", "--plain")
+    result = run_cli(
+        "lock",
+        "gfx1151",
+        "--recipes",
+        recipes,
+        "--index",
+        f"{upstream.url}/simple/",
+        "--mirror",
+        f"{upstream.url}/releases/",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--plain",
+    )
     assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
-    assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == \
-        (locked / "locks" / "stable" / "gfx1151.toml").read_bytes(), "a failed lock leaves the old one intact"
+    assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (
+        locked / "locks" / "stable" / "gfx1151.toml"
+    ).read_bytes(), "a failed lock leaves the old one intact"

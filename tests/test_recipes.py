@@ -18,8 +18,14 @@ DESIGN_TARGETS = {
     "gfx942": ("gfx942",),
     "gfx950": ("gfx950",),
 }
-LEGACY_FAMILIES = {"gfx1151": "gfx1151", "gfx1150": "gfx1150", "gfx110X": "gfx110X-all",
-                   "gfx120X": "gfx120X-all", "gfx942": "gfx94X-dcgpu", "gfx950": "gfx950-dcgpu"}
+LEGACY_FAMILIES = {
+    "gfx1151": "gfx1151",
+    "gfx1150": "gfx1150",
+    "gfx110X": "gfx110X-all",
+    "gfx120X": "gfx120X-all",
+    "gfx942": "gfx94X-dcgpu",
+    "gfx950": "gfx950-dcgpu",
+}
 
 
 def test_repository_recipes_hold_the_design_target_table() -> None:
@@ -57,13 +63,22 @@ def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
     ("file", "old", "new", "where"),
     [
         ("targets.toml", 'isas = ["gfx1151"]', 'isas = "gfx1151"', "targets.toml: targets.gfx1151.isas"),
-        ("targets.toml", 'size-budget-gib = 24\n', 'size-budget-gib = -1\n', "targets.toml: targets.gfx1151.size-budget-gib"),
+        (
+            "targets.toml",
+            "size-budget-gib = 24\n",
+            "size-budget-gib = -1\n",
+            "targets.toml: targets.gfx1151.size-budget-gib",
+        ),
         ("channels.toml", 'rocm = ">=7.10"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
         ("channels.toml", 'therock-layout = "multi-arch"', 'therock-layout = "flat"', "channels.stable.therock-layout"),
         ("components.toml", 'release = "', 'release = "x', "components.toml: python.release"),
         ("components.toml", 'version = "0.33.0"', 'version = "latest"', "components.toml: vllm.version"),
-        ("components.toml", 'requirement-files = ["requirements/rocm.txt"]', "requirement-files = []",
-         "components.toml: vllm.requirement-files"),
+        (
+            "components.toml",
+            'requirement-files = ["requirements/rocm.txt"]',
+            "requirement-files = []",
+            "components.toml: vllm.requirement-files",
+        ),
     ],
 )
 def test_malformed_recipe_names_file_and_key(recipes_dir: Path, file: str, old: str, new: str, where: str) -> None:
@@ -92,6 +107,9 @@ def test_recipe_hash_tracks_only_what_the_lock_depends_on(recipes_dir: Path) -> 
     targets = recipes_dir / "targets.toml"
     targets.write_text(targets.read_text().replace('isas = ["gfx950"]', 'isas = ["gfx950", "gfx951"]'))
     recipes = load_recipes(recipes_dir)
-    after = (recipes.recipe_hash(recipes.target("gfx1151"), stable), recipes.recipe_hash(recipes.target("gfx950"), stable))
+    after = (
+        recipes.recipe_hash(recipes.target("gfx1151"), stable),
+        recipes.recipe_hash(recipes.target("gfx950"), stable),
+    )
     assert after[0] == before[0], "another target's change does not stale this lock"
     assert after[1] != before[1]

@@ -58,7 +58,7 @@ class Cache:
         final.parent.mkdir(parents=True, exist_ok=True)
         with partial.open("rb") as handle:
             os.fsync(handle.fileno())
-        os.replace(partial, final)
+        partial.replace(final)
         self.partial_meta(sha256).unlink(missing_ok=True)
         return final
 

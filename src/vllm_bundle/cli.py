@@ -33,7 +33,8 @@ def _recipes(args: argparse.Namespace) -> Recipes:
 
 
 def _locks_dir(args: argparse.Namespace) -> Path:
-    return args.locks or args.recipes / "locks"
+    locks: Path = args.locks or args.recipes / "locks"
+    return locks
 
 
 def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
@@ -108,15 +109,23 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
     parser.add_argument("--locks", type=Path, default=None, help="locks directory (<recipes>/locks)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help=f"download cache (${CACHE_ENV}, else {default_cache_dir()})")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help=f"download cache (${CACHE_ENV}, else {default_cache_dir()})"
+    )
     parser.add_argument("--channel", default=DEFAULT_CHANNEL, help=f"release channel ({DEFAULT_CHANNEL})")
-    parser.add_argument("--jobs", "-j", type=int, default=min(8, (os.cpu_count() or 2) * 2),
-                        help="parallel downloads")
-    parser.add_argument("--retries", type=int, default=RetryPolicy.attempts,
-                        help=f"attempts per request and per interrupted body ({RetryPolicy.attempts})")
-    parser.add_argument("--read-timeout", type=float, default=RetryPolicy.read_timeout,
-                        help="seconds a stalled download may stay silent before it is resumed")
+    parser.add_argument("--jobs", "-j", type=int, default=min(8, (os.cpu_count() or 2) * 2), help="parallel downloads")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=RetryPolicy.attempts,
+        help=f"attempts per request and per interrupted body ({RetryPolicy.attempts})",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=RetryPolicy.read_timeout,
+        help="seconds a stalled download may stay silent before it is resumed",
+    )
     parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
 
 

@@ -257,8 +257,7 @@ class Fetcher:
             self.reporter.advance(artifact.filename, len(chunk))
             if artifact.size is not None and written > artifact.size:
                 raise HashMismatchError(
-                    f"{artifact.filename} is larger than its pinned size {artifact.size}; "
-                    "the bytes were discarded",
+                    f"{artifact.filename} is larger than its pinned size {artifact.size}; the bytes were discarded",
                     "the source serves different bytes than the lock pins: check the mirror, or re-lock",
                 )
         out.flush()
@@ -276,8 +275,7 @@ class Fetcher:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             self.cache.discard_partial(artifact.sha256)
             return DiskFullError(
-                f"disk full while downloading {artifact.filename} into {self.cache.root}; "
-                "the partial file was removed",
+                f"disk full while downloading {artifact.filename} into {self.cache.root}; the partial file was removed",
                 "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
             )
         return FetchError(
@@ -414,4 +412,3 @@ def _reason(err: BaseException) -> str:
         text = str(reason)
     text = text.split(": ", 1)[-1] if text.startswith("<urllib3") else text
     return " ".join(text.split())[:300]
-

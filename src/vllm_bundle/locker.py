@@ -84,8 +84,10 @@ def lock_python(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: S
     release_url = channel.python_releases.format(release=python.release)
     sums_source = mirror_source(sources.mirror, Artifact("sums", "SHA256SUMS", release_url + "SHA256SUMS", ""))
     sums = _get_text(fetcher.session, sums_source)
-    expected = {name.strip().lstrip("*"): digest for digest, _, name in
-                (line.strip().partition(" ") for line in sums.splitlines() if line.strip())}
+    expected = {
+        name.strip().lstrip("*"): digest
+        for digest, _, name in (line.strip().partition(" ") for line in sums.splitlines() if line.strip())
+    }
     if python.asset not in expected:
         raise LockError(
             f"python-build-standalone release {python.release} does not list {python.asset} in SHA256SUMS",
@@ -125,7 +127,12 @@ def bundle_requirements(recipes: Recipes, target: Target, channel: Channel, vllm
 
 
 def run_uv_compile(
-    requirements: Path, output: Path, recipes: Recipes, channel: Channel, target: Target, sources: Sources,
+    requirements: Path,
+    output: Path,
+    recipes: Recipes,
+    channel: Channel,
+    target: Target,
+    sources: Sources,
     uv_cache: Path,
 ) -> None:
     python = recipes.python
@@ -136,13 +143,30 @@ def run_uv_compile(
     for url in indexes[1::2]:
         check_url(url)
     command = [
-        uv.find_uv_bin(), "pip", "compile", str(requirements),
-        "--output-file", str(output), "--format", "pylock.toml",
-        "--no-header", "--no-config", "--quiet",
-        "--python-version", python.minor, "--python-platform", python.platform,
-        "--index-strategy", "first-index", "--only-binary", ":all:", "--generate-hashes",
-        "--prerelease", "allow" if channel.prereleases else "if-necessary-or-explicit",
-        "--cache-dir", str(uv_cache),
+        uv.find_uv_bin(),
+        "pip",
+        "compile",
+        str(requirements),
+        "--output-file",
+        str(output),
+        "--format",
+        "pylock.toml",
+        "--no-header",
+        "--no-config",
+        "--quiet",
+        "--python-version",
+        python.minor,
+        "--python-platform",
+        python.platform,
+        "--index-strategy",
+        "first-index",
+        "--only-binary",
+        ":all:",
+        "--generate-hashes",
+        "--prerelease",
+        "allow" if channel.prereleases else "if-necessary-or-explicit",
+        "--cache-dir",
+        str(uv_cache),
         *indexes,
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -223,10 +247,12 @@ def make_lock(
             fetcher.reporter.note(f"lock   dropped from vLLM's requirements: {line}")
         requirements = work / "bundle.in"
         requirements.write_text(bundle_requirements(recipes, target, channel, filtered.top_files))
-        fetcher.reporter.note(f"lock   resolving wheels with uv for CPython {recipes.python.minor} "
-                              f"on {recipes.python.platform}")
-        run_uv_compile(requirements, work / "pylock.resolved.toml", recipes, channel, target, sources,
-                       fetcher.cache.root / "uv")
+        fetcher.reporter.note(
+            f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
+        )
+        run_uv_compile(
+            requirements, work / "pylock.resolved.toml", recipes, channel, target, sources, fetcher.cache.root / "uv"
+        )
         with (work / "pylock.resolved.toml").open("rb") as handle:
             pylock = _trim_and_size(tomllib.load(handle), recipes, fetcher)
     pylock_bytes = tomli_w.dumps(pylock).encode()

@@ -113,8 +113,10 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
     lock_path, pylock_path = lock_paths(locks_dir, channel, target)
     doc = _load_toml(lock_path, f"lock for {channel}/{target}")
     if doc.get("lock-version") != LOCK_VERSION:
-        raise LockError(f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
-                        "re-lock with this version of the tool")
+        raise LockError(
+            f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
+            "re-lock with this version of the tool",
+        )
     _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
     pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
     if pylock_sha != doc.get("pylock-sha256"):
@@ -125,9 +127,7 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         )
     try:
         entries = doc["artifacts"]
-        artifacts = tuple(
-            Artifact(e["name"], e["filename"], e["url"], e["sha256"], e["size"]) for e in entries
-        )
+        artifacts = tuple(Artifact(e["name"], e["filename"], e["url"], e["sha256"], e["size"]) for e in entries)
         lock = Lock(
             target=doc["target"],
             channel=doc["channel"],
@@ -169,8 +169,8 @@ def supported_tags(python_minor: str, platform: str) -> list[Tag]:
     ]
 
 
-def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> Mapping[str, Any] | None:
-    best: tuple[int, Mapping[str, Any]] | None = None
+def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> dict[str, Any] | None:
+    best: tuple[int, dict[str, Any]] | None = None
     for wheel in package.get("wheels", []):
         filename = wheel.get("name") or wheel["url"].rsplit("/", 1)[-1]
         try:

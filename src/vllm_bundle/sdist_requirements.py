@@ -79,8 +79,10 @@ def _included_files(roots: list[Path]) -> list[Path]:
         if path in seen:
             continue
         if not path.is_file():
-            raise LockError(f"vLLM's source release has no {path.name} (wanted by its requirement files)",
-                            "fix vllm.requirement-files in recipes/components.toml")
+            raise LockError(
+                f"vLLM's source release has no {path.name} (wanted by its requirement files)",
+                "fix vllm.requirement-files in recipes/components.toml",
+            )
         seen.append(path)
         for line in path.read_text().splitlines():
             option, _, value = line.strip().partition(" ")

@@ -31,7 +31,7 @@ class RetryPolicy:
     read_timeout: float = 60.0  # a stalled body is abandoned (and resumed) after this long
 
     def delay(self, attempt: int) -> float:
-        return min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1)))
+        return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
 
 
 def is_loopback(host: str | None) -> bool:

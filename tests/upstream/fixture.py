@@ -31,12 +31,12 @@ ROCM_VERSION = "7.10.0"
 TORCH_VERSION = f"2.9.0+rocm{ROCM_VERSION}"
 TRITON_VERSION = f"3.5.0+rocm{ROCM_VERSION}"
 VLLM_VERSION = "0.33.0"
-ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201",
-            "gfx942", "gfx950")
+ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
 CP = "cp312"
 LINUX = "linux_x86_64"
 THEROCK_PROJECTS = {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "torch", "triton"}
 
+AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
 C_LIB = "int {name}(void) {{ return {value}; }}\n"
 
 
@@ -59,24 +59,41 @@ def _elf_chain(work: Path) -> dict[str, Path]:
     """Real ELF files: comgr <- amdhip64 <- rocblas / c10 <- torch_hip, and a clang executable."""
     libs: dict[str, Path] = {}
     libs["comgr"] = compile_shared(work / "libamd_comgr.so.3", "libamd_comgr.so.3", C_LIB.format(name="comgr", value=3))
-    libs["hip"] = compile_shared(work / "libamdhip64.so.7", "libamdhip64.so.7",
-                                 "int comgr(void);\nint hip(void) { return comgr() + 4; }\n",
-                                 needed=(libs["comgr"],), rpath="$ORIGIN")
-    libs["rocblas"] = compile_shared(work / "librocblas.so.5", "librocblas.so.5",
-                                     "int hip(void);\nint rocblas(void) { return hip() + 1; }\n",
-                                     needed=(libs["hip"],), rpath="$ORIGIN:$ORIGIN/../../_rocm_sdk_core/lib")
+    libs["hip"] = compile_shared(
+        work / "libamdhip64.so.7",
+        "libamdhip64.so.7",
+        "int comgr(void);\nint hip(void) { return comgr() + 4; }\n",
+        needed=(libs["comgr"],),
+        rpath="$ORIGIN",
+    )
+    libs["rocblas"] = compile_shared(
+        work / "librocblas.so.5",
+        "librocblas.so.5",
+        "int hip(void);\nint rocblas(void) { return hip() + 1; }\n",
+        needed=(libs["hip"],),
+        rpath="$ORIGIN:$ORIGIN/../../_rocm_sdk_core/lib",
+    )
     libs["c10"] = compile_shared(work / "libc10.so", "libc10.so", C_LIB.format(name="c10", value=10))
-    libs["torch_hip"] = compile_shared(work / "libtorch_hip.so", "libtorch_hip.so",
-                                       "int c10(void); int hip(void);\nint torch_hip(void) { return c10() + hip(); }\n",
-                                       needed=(libs["c10"], libs["hip"]),
-                                       rpath="$ORIGIN:$ORIGIN/../../_rocm_sdk_core/lib")
+    libs["torch_hip"] = compile_shared(
+        work / "libtorch_hip.so",
+        "libtorch_hip.so",
+        "int c10(void); int hip(void);\nint torch_hip(void) { return c10() + hip(); }\n",
+        needed=(libs["c10"], libs["hip"]),
+        rpath="$ORIGIN:$ORIGIN/../../_rocm_sdk_core/lib",
+    )
     libs["triton"] = compile_shared(work / "libtriton.so", "libtriton.so", C_LIB.format(name="triton", value=35))
     libs["clang"] = compile_shared(work / "clang-20", "", "int main(void) { return 0; }\n", executable=True)
-    libs["python"] = compile_shared(work / "libpython3.12.so.1.0", "libpython3.12.so.1.0",
-                                    C_LIB.format(name="Py_Main", value=0))
-    libs["python_exe"] = compile_shared(work / "python3.12", "",
-                                        "int Py_Main(void);\nint main(void) { return Py_Main(); }\n",
-                                        needed=(libs["python"],), rpath="$ORIGIN/../lib", executable=True)
+    libs["python"] = compile_shared(
+        work / "libpython3.12.so.1.0", "libpython3.12.so.1.0", C_LIB.format(name="Py_Main", value=0)
+    )
+    libs["python_exe"] = compile_shared(
+        work / "python3.12",
+        "",
+        "int Py_Main(void);\nint main(void) { return Py_Main(); }\n",
+        needed=(libs["python"],),
+        rpath="$ORIGIN/../lib",
+        executable=True,
+    )
     return libs
 
 
@@ -88,8 +105,9 @@ def _python_tarball(fx: Fixture, libs: dict[str, Path]) -> None:
         f"{top}/lib/libpython{minor}.so.1.0": libs["python"],
         f"{top}/include/python{minor}/Python.h": b"/* fixture */\n",
         f"{top}/lib/python{minor}/os.py": b"# fixture stdlib\n",
-        f"{top}/lib/python{minor}/_sysconfigdata__linux_x86_64-linux-gnu.py":
-            b"build_time_vars = {'prefix': '/install', 'CC': 'clang -pthread', 'LIBDIR': '/install/lib'}\n",
+        f"{top}/lib/python{minor}/_sysconfigdata__linux_x86_64-linux-gnu.py": (
+            b"build_time_vars = {'prefix': '/install', 'CC': 'clang -pthread', 'LIBDIR': '/install/lib'}\n"
+        ),
         f"{top}/lib/python{minor}/config-{minor}-x86_64-linux-gnu/Makefile": b"prefix=\t/install\nCC=\tclang\n",
         f"{top}/lib/pkgconfig/python-{minor}.pc": b"prefix=/install\nlibdir=${prefix}/lib\n",
     }
@@ -118,48 +136,108 @@ def _therock_wheels(fx: Fixture, libs: dict[str, Path]) -> None:
         f"    elif args[:1] == ['version']:\n        print('{v}')\n"
         "    else:\n        sys.exit('usage: rocm-sdk path --root|--bin|--cmake | version | targets')\n"
     )
-    extras = ["libraries", "devel", *(f"device-{isa}" for isa in ALL_ISAS)]
     requires = [f"rocm-sdk-core=={v}"]
     requires += [f'rocm-sdk-libraries=={v}; extra == "libraries"', f'rocm-sdk-devel=={v}; extra == "devel"']
     requires += [f'rocm-sdk-device-{isa}=={v}; extra == "device-{isa}"' for isa in ALL_ISAS]
     wheels = [
-        make_wheel(out, "rocm", v, "py3-none-any",
-                   {"rocm_sdk/__init__.py": b"", "rocm_sdk/__main__.py": rocm_sdk_main.encode()},
-                   requires=tuple(requires), entry_points={"console_scripts": {"rocm-sdk": "rocm_sdk.__main__:main"}}),
-        make_wheel(out, "rocm-sdk-core", v, py_tag, {
-            "_rocm_sdk_core/__init__.py": b"",
-            "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
-            "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
-            "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
-            "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n",
-        }),
-        make_wheel(out, "rocm-sdk-libraries", v, py_tag, {
-            "_rocm_sdk_libraries/__init__.py": b"",
-            "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"],
-        }, requires=(f"rocm-sdk-core=={v}",)),
-        make_wheel(out, "rocm-sdk-devel", v, py_tag, {
-            "_rocm_sdk_devel/__init__.py": b"",
-            "_rocm_sdk_devel/include/hip/hip_runtime.h": b"/* fixture */\n",
-            "_rocm_sdk_devel/lib/cmake/hip/hip-config.cmake": b"# fixture\n",
-        }, requires=(f"rocm-sdk-core=={v}",)),
+        make_wheel(
+            out,
+            "rocm",
+            v,
+            "py3-none-any",
+            {"rocm_sdk/__init__.py": b"", "rocm_sdk/__main__.py": rocm_sdk_main.encode()},
+            requires=tuple(requires),
+            entry_points={"console_scripts": {"rocm-sdk": "rocm_sdk.__main__:main"}},
+        ),
+        make_wheel(
+            out,
+            "rocm-sdk-core",
+            v,
+            py_tag,
+            {
+                "_rocm_sdk_core/__init__.py": b"",
+                "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
+                "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
+                "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
+                "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
+            },
+        ),
+        make_wheel(
+            out,
+            "rocm-sdk-libraries",
+            v,
+            py_tag,
+            {
+                "_rocm_sdk_libraries/__init__.py": b"",
+                "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"],
+            },
+            requires=(f"rocm-sdk-core=={v}",),
+        ),
+        make_wheel(
+            out,
+            "rocm-sdk-devel",
+            v,
+            py_tag,
+            {
+                "_rocm_sdk_devel/__init__.py": b"",
+                "_rocm_sdk_devel/include/hip/hip_runtime.h": b"/* fixture */\n",
+                "_rocm_sdk_devel/lib/cmake/hip/hip-config.cmake": b"# fixture\n",
+            },
+            requires=(f"rocm-sdk-core=={v}",),
+        ),
     ]
     for isa in ALL_ISAS:
-        wheels.append(make_wheel(out, f"rocm-sdk-device-{isa}", v, py_tag, {
-            f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode(),
-        }, requires=(f"rocm-sdk-libraries=={v}",)))
-        wheels.append(make_wheel(out, f"amd-torch-device-{isa}", TORCH_VERSION, py_tag, {
-            f"torch/lib/.kpack/torch_hip_{isa}.kpack": f"torch device code {isa}\n".encode(),
-        }, requires=(f"torch=={TORCH_VERSION}",)))
-    wheels.append(make_wheel(out, "torch", TORCH_VERSION, f"{CP}-{CP}-{LINUX}", {
-        "torch/__init__.py": f"__version__ = '{TORCH_VERSION}'\n".encode(),
-        "torch/version.py": f"__version__ = '{TORCH_VERSION}'\nhip = '{v}'\ncuda = None\n".encode(),
-        "torch/lib/libc10.so": libs["c10"],
-        "torch/lib/libtorch_hip.so": libs["torch_hip"],
-    }, requires=(f"rocm[libraries]=={v}", f"triton=={TRITON_VERSION}", "filelock", "typing-extensions>=4.10")))
-    wheels.append(make_wheel(out, "triton", TRITON_VERSION, f"{CP}-{CP}-{LINUX}", {
-        "triton/__init__.py": b"__version__ = '3.5.0'\n",
-        "triton/_C/libtriton.so": libs["triton"],
-    }))
+        wheels.append(
+            make_wheel(
+                out,
+                f"rocm-sdk-device-{isa}",
+                v,
+                py_tag,
+                {
+                    f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode(),
+                },
+                requires=(f"rocm-sdk-libraries=={v}",),
+            )
+        )
+        wheels.append(
+            make_wheel(
+                out,
+                f"amd-torch-device-{isa}",
+                TORCH_VERSION,
+                py_tag,
+                {
+                    f"torch/lib/.kpack/torch_hip_{isa}.kpack": f"torch device code {isa}\n".encode(),
+                },
+                requires=(f"torch=={TORCH_VERSION}",),
+            )
+        )
+    wheels.append(
+        make_wheel(
+            out,
+            "torch",
+            TORCH_VERSION,
+            f"{CP}-{CP}-{LINUX}",
+            {
+                "torch/__init__.py": f"__version__ = '{TORCH_VERSION}'\n".encode(),
+                "torch/version.py": f"__version__ = '{TORCH_VERSION}'\nhip = '{v}'\ncuda = None\n".encode(),
+                "torch/lib/libc10.so": libs["c10"],
+                "torch/lib/libtorch_hip.so": libs["torch_hip"],
+            },
+            requires=(f"rocm[libraries]=={v}", f"triton=={TRITON_VERSION}", "filelock", "typing-extensions>=4.10"),
+        )
+    )
+    wheels.append(
+        make_wheel(
+            out,
+            "triton",
+            TRITON_VERSION,
+            f"{CP}-{CP}-{LINUX}",
+            {
+                "triton/__init__.py": b"__version__ = '3.5.0'\n",
+                "triton/_C/libtriton.so": libs["triton"],
+            },
+        )
+    )
     fx.files.update({w.name: w for w in wheels})
 
 
@@ -173,13 +251,25 @@ def _pypi_wheels(fx: Fixture) -> None:
         ("fastapi", "0.121.0", ("pydantic>=2.7",)),
         ("sentencepiece", "0.2.1", ()),
     }
-    wheels = [make_wheel(out, name, version, "py3-none-any",
-                         {f"{name.replace('-', '_')}/__init__.py": f"__version__ = '{version}'\n".encode()},
-                         requires=requires) for name, version, requires in sorted(pure)]
+    wheels = [
+        make_wheel(
+            out,
+            name,
+            version,
+            "py3-none-any",
+            {f"{name.replace('-', '_')}/__init__.py": f"__version__ = '{version}'\n".encode()},
+            requires=requires,
+        )
+        for name, version, requires in sorted(pure)
+    ]
     regex = {"regex/__init__.py": b"__version__ = '2025.11.3'\n"}
     # Several wheels for one version: the lock must keep the one the bundle's platform installs.
-    for tag in (f"{CP}-{CP}-manylinux_2_17_x86_64.manylinux2014_x86_64", f"{CP}-{CP}-musllinux_1_2_x86_64",
-                "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64", f"{CP}-{CP}-manylinux_2_31_aarch64"):
+    for tag in (
+        f"{CP}-{CP}-manylinux_2_17_x86_64.manylinux2014_x86_64",
+        f"{CP}-{CP}-musllinux_1_2_x86_64",
+        "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64",
+        f"{CP}-{CP}-manylinux_2_31_aarch64",
+    ):
         wheels.append(make_wheel(out, "regex", "2025.11.3", tag, regex))
     fx.files.update({w.name: w for w in wheels})
 
@@ -216,8 +306,15 @@ def write_index(fx: Fixture) -> None:
             sha = hashlib.sha256(path.read_bytes()).hexdigest()
             href = f"../../files/{path.name}#sha256={sha}"
             anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
-            entries.append({"filename": path.name, "url": f"../../files/{path.name}", "hashes": {"sha256": sha},
-                            "size": path.stat().st_size, "upload-time": "2025-11-20T00:00:00Z"})
+            entries.append(
+                {
+                    "filename": path.name,
+                    "url": f"../../files/{path.name}",
+                    "hashes": {"sha256": sha},
+                    "size": path.stat().st_size,
+                    "upload-time": "2025-11-20T00:00:00Z",
+                }
+            )
         (page / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(anchors) + "\n</body></html>\n")
         if project not in THEROCK_PROJECTS and not project.startswith(("rocm-sdk-device", "amd-torch-device")):
             meta = {"meta": {"api-version": "1.1"}, "name": project, "files": entries, "versions": []}

@@ -43,14 +43,13 @@ def make_wheel(
     dist = name.replace("-", "_")
     filename = f"{dist}-{version}-{tag}.whl"
     info = f"{dist}-{version}.dist-info"
-    metadata = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     metadata += [f"Requires-Dist: {req}" for req in requires]
     contents: dict[str, bytes] = {path: _bytes(data) for path, data in sorted(files.items())}
     contents[f"{info}/METADATA"] = ("\n".join(metadata) + "\n").encode()
     wheel_tags = [f"Tag: {t}" for t in _expand_tag(tag)]
     contents[f"{info}/WHEEL"] = (
-        "\n".join(["Wheel-Version: 1.0", "Generator: vllm-bundle-tests", "Root-Is-Purelib: false", *wheel_tags])
-        + "\n"
+        "\n".join(["Wheel-Version: 1.0", "Generator: vllm-bundle-tests", "Root-Is-Purelib: false", *wheel_tags]) + "\n"
     ).encode()
     if entry_points:
         lines = []
@@ -78,8 +77,12 @@ def _expand_tag(tag: str) -> list[str]:
     return [f"{p}-{abi}-{plat}" for p in py.split(".") for plat in plats.split(".")]
 
 
-def make_tarball(path: Path, files: Mapping[str, Content], modes: Mapping[str, int] | None = None,
-                 symlinks: Mapping[str, str] | None = None) -> Path:
+def make_tarball(
+    path: Path,
+    files: Mapping[str, Content],
+    modes: Mapping[str, int] | None = None,
+    symlinks: Mapping[str, str] | None = None,
+) -> Path:
     """A gzip tarball with sorted entries, fixed mtimes and root ownership."""
     path.parent.mkdir(parents=True, exist_ok=True)
     dirs: set[str] = set()
@@ -104,8 +107,14 @@ def make_tarball(path: Path, files: Mapping[str, Content], modes: Mapping[str, i
     return path
 
 
-def compile_shared(out: Path, soname: str, source: str, needed: tuple[Path, ...] = (),
-                   rpath: str | None = None, executable: bool = False) -> Path:
+def compile_shared(
+    out: Path,
+    soname: str,
+    source: str,
+    needed: tuple[Path, ...] = (),
+    rpath: str | None = None,
+    executable: bool = False,
+) -> Path:
     """Compile a real ELF shared library (or executable) with DT_NEEDED entries on ``needed``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.with_suffix(out.suffix + ".c")

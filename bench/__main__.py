@@ -1,0 +1,130 @@
+"""`nox -s bench`: performance measured in one run, printed as ratios (never asserted by tests).
+
+fetch:  4 files from a throttled loopback server, fetched in parallel vs one by one (ours with -j4,
+        ours with -j1, and curl one by one, the tool people script today). Goal: >= 3x.
+resume: bytes transferred to finish a download cut at 60 %, vs a full download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from tests.upstream.fixture import Fixture, make_blob
+from tests.upstream.server import Fault, UpstreamServer
+
+from vllm_bundle.cache import Cache
+from vllm_bundle.errors import NetworkError
+from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.progress import PlainReporter
+from vllm_bundle.transport import RetryPolicy
+
+FILES = 4
+FILE_SIZE = 8 * 1024 * 1024
+RATE = 4 * 1024 * 1024  # bytes/s per connection: a slow mirror, as CI runners often see
+
+
+def _artifacts(server: UpstreamServer, blobs: list[Path]) -> list[Artifact]:
+    return [
+        Artifact(
+            b.name, b.name, f"{server.url}/files/{b.name}", hashlib.sha256(b.read_bytes()).hexdigest(), b.stat().st_size
+        )
+        for b in blobs
+    ]
+
+
+def _timed(action: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    action()
+    return time.perf_counter() - began
+
+
+def _ours(server: UpstreamServer, blobs: list[Path], jobs: int, work: Path) -> float:
+    cache = work / f"cache-j{jobs}"
+    shutil.rmtree(cache, ignore_errors=True)
+    fetcher = Fetcher(Cache(cache), PlainReporter(io.StringIO()), jobs=jobs)
+    return _timed(lambda: fetcher.fetch_all(_artifacts(server, blobs)))
+
+
+def _curl(server: UpstreamServer, blobs: list[Path], work: Path) -> float | None:
+    if not shutil.which("curl"):
+        return None
+    out = work / "curl"
+    out.mkdir(exist_ok=True)
+
+    def run() -> None:
+        for blob in blobs:
+            subprocess.run(["curl", "-sSf", "-o", str(out / blob.name), f"{server.url}/files/{blob.name}"], check=True)
+
+    return _timed(run)
+
+
+def bench_fetch(server: UpstreamServer, fixture: Fixture, work: Path, table: Table) -> None:
+    blobs = [make_blob(fixture, f"bench{i}.bin", FILE_SIZE) for i in range(FILES)]
+    server.inject("*", Fault("throttle", times=None, rate=RATE))
+    parallel = _ours(server, blobs, FILES, work)
+    serial = _ours(server, blobs, 1, work)
+    curl = _curl(server, blobs, work)
+    server.reset()
+    size = f"{FILES} x {FILE_SIZE // 2**20} MiB @ {RATE // 2**20} MiB/s per connection"
+    table.add_row("fetch, parallel (-j4)", f"{parallel:.2f} s", size, "1.00x")
+    table.add_row("fetch, one by one (-j1)", f"{serial:.2f} s", size, f"{serial / parallel:.2f}x slower")
+    if curl is not None:
+        table.add_row("curl, one by one", f"{curl:.2f} s", size, f"{curl / parallel:.2f}x slower")
+    verdict = "met" if serial / parallel >= 3 else "NOT met"
+    table.add_row("goal: parallel >= 3x one by one", "", "", f"{serial / parallel:.2f}x ({verdict})")
+
+
+def bench_resume(server: UpstreamServer, fixture: Fixture, work: Path, table: Table) -> None:
+    blob = make_blob(fixture, "bench-resume.bin", 32 * 1024 * 1024)
+    (artifact,) = _artifacts(server, [blob])
+    cut = int(blob.stat().st_size * 0.6)
+    server.inject(f"/files/{blob.name}", Fault("cut", after=cut))
+    cache = Cache(work / "cache-resume")
+    first = Fetcher(cache, PlainReporter(io.StringIO()), policy=RetryPolicy(attempts=1))
+    with contextlib.suppress(NetworkError):  # the cut is the point: the next run resumes
+        first.fetch_one(artifact)
+    resumed = Fetcher(cache, PlainReporter(io.StringIO()))
+    resumed.fetch_one(artifact)
+    server.reset()
+    full = blob.stat().st_size
+    table.add_row(
+        "resume after a cut at 60 %",
+        f"{resumed.bytes_transferred / 2**20:.1f} MiB moved",
+        f"full download {full / 2**20:.1f} MiB",
+        f"{resumed.bytes_transferred / full:.2f} of full",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.parse_args()
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="vllm-bundle-bench-") as tmp:
+        work = Path(tmp)
+        fixture = Fixture(work / "upstream")
+        (fixture.root / "files").mkdir(parents=True)
+        server = UpstreamServer(fixture.root).start()
+        table = Table(title="vllm-bundle bench")
+        for column in ("case", "time / bytes", "workload", "ratio"):
+            table.add_column(column)
+        try:
+            bench_fetch(server, fixture, work, table)
+            bench_resume(server, fixture, work, table)
+        finally:
+            server.stop()
+        console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The verbs of the pipeline. Each session runs the `vllm-bundle` CLI (or pytest) in its own venv.
+
+nox -s lock -- gfx1151 [--channel stable] [--check]   pin every input (needs upstream reachable)
+nox -s fetch -- gfx1151 [--mirror URL|DIR] [--offline] download the locked inputs into the cache
+nox -s tests                                           the test suite (plays upstream on 127.0.0.1)
+nox -s lint                                            ruff + mypy
+nox -s bench                                           performance ratios, printed (not asserted)
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2024.10.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "tests"]
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    extras = [req for group in groups for req in nox.project.dependency_groups(PYPROJECT, group)]
+    session.install("-e", ".", *extras)
+
+
+def _cli(session: nox.Session, verb: str) -> None:
+    _install(session)
+    session.run("vllm-bundle", verb, *session.posargs, external=False)
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Pin every input of a target: `nox -s lock -- gfx1151 [--channel nightly]`, or `-- --check`."""
+    _cli(session, "lock")
+
+
+@nox.session
+def fetch(session: nox.Session) -> None:
+    """Download a target's locked inputs into the verified cache: `nox -s fetch -- gfx1151`."""
+    _cli(session, "fetch")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite; extra arguments go to pytest."""
+    _install(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    _install(session, "lint")
+    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Prints performance ratios against the tools people use today, measured in one run."""
+    _install(session, "test")
+    session.run("python", "-m", "bench", *session.posargs)
