@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -78,18 +79,41 @@ def locked(_server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) ->
     """A copy of the recipes with a gfx1151 (stable) lock made against the fake upstream."""
     recipes = tmp_path_factory.mktemp("locked") / "recipes"
     shutil.copytree(REPO / "recipes", recipes, ignore=shutil.ignore_patterns("locks"))
-    result = run_cli(
+    result = lock_against(_server, recipes, "gfx1151", recipes.parent / "lock-cache")
+    assert result.returncode == 0, result.stderr
+    return recipes
+
+
+def lock_against(server: UpstreamServer, recipes: Path, target: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    """`vllm-bundle lock <target>` with the fake upstream as index and release mirror."""
+    return run_cli(
         "lock",
-        "gfx1151",
+        target,
         "--recipes",
         recipes,
         "--index",
-        f"{_server.url}/simple/",
+        f"{server.url}/simple/",
         "--mirror",
-        f"{_server.url}/releases/",
+        f"{server.url}/releases/",
         "--cache-dir",
-        recipes.parent / "lock-cache",
+        cache,
         "--plain",
     )
-    assert result.returncode == 0, result.stderr
-    return recipes
+
+
+@contextmanager
+def small_disk(mount_point: Path, size: str) -> Iterator[Path]:
+    """A real, tiny file system (tmpfs; needs root, as CI has) to fill up."""
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a tmpfs and needs root: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli, small_disk
 from tests.upstream.fixture import Fixture, make_blob
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.cache import Cache
@@ -217,22 +217,13 @@ def test_plain_http_to_a_remote_host_is_refused(tmp_path: Path) -> None:
 
 def test_disk_full_removes_the_partial_file(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
     """A real full disk: the cache lives on a 1 MiB tmpfs and the file is 3 MiB."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
-    try:
+    with small_disk(tmp_path / "small-disk", "1m") as disk:
         artifact = artifact_for(blob, upstream)
-        fetcher, _ = make_fetcher(mount_point / "cache")
+        fetcher, _ = make_fetcher(disk / "cache")
         with pytest.raises(DiskFullError, match=r"disk full while downloading blob\.bin"):
             fetcher.fetch_one(artifact)
         assert not fetcher.cache.partial(artifact.sha256).exists()
         assert not fetcher.cache.blob(artifact.sha256).exists()
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
 
 
 def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) -> None:
@@ -262,24 +253,15 @@ def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
     assert_one_line_error(result, "--offline", "missing from the cache", "torch-2.9.0")
 
 
-def test_cli_disk_full_is_one_line(
-    upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path, locked: Path
-) -> None:
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(mount_point)], capture_output=True, check=False
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"this test needs to mount a tmpfs (root): {mounted.stderr.decode().strip()}")
-    try:
+def test_cli_disk_full_is_one_line(upstream: UpstreamServer, tmp_path: Path, locked: Path) -> None:
+    with small_disk(tmp_path / "tiny", "8k") as disk:
         result = run_cli(
             "fetch",
             "gfx1151",
             "--recipes",
             locked,
             "--cache-dir",
-            mount_point,
+            disk,
             "--mirror",
             f"{upstream.url}/mirror/",
             "--plain",
@@ -287,9 +269,7 @@ def test_cli_disk_full_is_one_line(
             "1",
         )
         assert_one_line_error(result, "disk full while downloading", "partial file was removed", "--cache-dir")
-        assert not [p for p in (mount_point / "partial").iterdir() if p.suffix == ".part"]
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
+        assert not [p for p in (disk / "partial").iterdir() if p.suffix == ".part"]
 
 
 def test_two_concurrent_fetches_share_one_cache(
@@ -343,8 +323,16 @@ def test_rich_progress_on_a_terminal(upstream: UpstreamServer, blob: Path, tmp_p
 
 
 def test_plain_progress_lines_when_not_a_terminal(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
-    result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache",
-                     "--mirror", f"{upstream.url}/mirror/")
+    result = run_cli(
+        "fetch",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+    )
     assert result.returncode == 0, result.stderr
     assert "\x1b[" not in result.stderr, "no terminal escapes in logs"
     assert any(line.startswith("done   torch-2.9.0") for line in result.stderr.splitlines())

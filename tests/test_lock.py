@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, lock_against, run_cli
 from tests.upstream.fixture import ROCM_VERSION, TORCH_VERSION, Fixture
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
@@ -120,19 +120,7 @@ def test_missing_lock_says_where_to_make_it(recipes_dir: Path) -> None:
 def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
     again = tmp_path / "recipes"
     shutil.copytree(locked, again)
-    result = run_cli(
-        "lock",
-        "gfx1151",
-        "--recipes",
-        again,
-        "--index",
-        f"{upstream.url}/simple/",
-        "--mirror",
-        f"{upstream.url}/releases/",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--plain",
-    )
+    result = lock_against(upstream, again, "gfx1151", tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     for name in ("gfx1151.toml", "pylock.gfx1151.toml"):
         assert (again / "locks" / "stable" / name).read_bytes() == (locked / "locks" / "stable" / name).read_bytes()
@@ -141,19 +129,7 @@ def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_pat
 def test_lock_for_a_multi_isa_target(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
-    result = run_cli(
-        "lock",
-        "gfx110X",
-        "--recipes",
-        recipes,
-        "--index",
-        f"{upstream.url}/simple/",
-        "--mirror",
-        f"{upstream.url}/releases/",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--plain",
-    )
+    result = lock_against(upstream, recipes, "gfx110X", tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     _, pylock = lock_docs(recipes, "gfx110X")
     names = {p["name"] for p in pylock["packages"]}
@@ -166,19 +142,7 @@ def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: Up
     shutil.copytree(locked, recipes)
     components = recipes / "components.toml"
     components.write_text(components.read_text().replace('version = "3.12.12"', 'version = "3.12.99"'))
-    result = run_cli(
-        "lock",
-        "gfx1151",
-        "--recipes",
-        recipes,
-        "--index",
-        f"{upstream.url}/simple/",
-        "--mirror",
-        f"{upstream.url}/releases/",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--plain",
-    )
+    result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
     assert_one_line_error(result, "does not list cpython-3.12.99", "components.toml")
 
 
@@ -187,19 +151,7 @@ def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServ
     shutil.copytree(locked, recipes)
     channels = recipes / "channels.toml"
     channels.write_text(channels.read_text().replace('rocm = ">=7.10"', 'rocm = ">=9"', 1))
-    result = run_cli(
-        "lock",
-        "gfx1151",
-        "--recipes",
-        recipes,
-        "--index",
-        f"{upstream.url}/simple/",
-        "--mirror",
-        f"{upstream.url}/releases/",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--plain",
-    )
+    result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
     assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
     assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (
         locked / "locks" / "stable" / "gfx1151.toml"
