@@ -60,3 +60,9 @@ def bench(session: nox.Session) -> None:
     """Prints performance ratios against the tools people use today, measured in one run."""
     _install(session, "test")
     session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session
+def patch(session: nox.Session) -> None:
+    """Extract vLLM's source release into build/ and apply patches/vllm: `nox -s patch -- gfx1151 [--vllm X]`."""
+    _cli(session, "patch")

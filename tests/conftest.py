@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from platformdirs import user_cache_dir
 
 from tests.upstream.fixture import Fixture, build_fixture
 from tests.upstream.server import UpstreamServer
@@ -63,10 +66,16 @@ def run_cli(
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
-    """A user error: non-zero exit, no traceback, the last stderr line says what and how to fix."""
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str, quotes_a_log: bool = False) -> str:
+    """A user error: non-zero exit, no traceback, the last stderr line says what and how to fix.
+
+    ``quotes_a_log``: the output may quote another program's log (with its tracebacks), but no
+    traceback of ours."""
     assert result.returncode != 0, result
-    assert "Traceback" not in result.stderr, result.stderr
+    if quotes_a_log:
+        assert "vllm_bundle/" not in result.stderr, result.stderr
+    else:
+        assert "Traceback" not in result.stderr, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: "), result.stderr
     for fragment in fragments:
@@ -117,3 +126,59 @@ def small_disk(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+# -- real vLLM source releases (PyPI), cached across test runs --------------------------------------
+
+TEST_CACHE = Path(os.environ.get("VLLM_BUNDLE_TEST_CACHE") or user_cache_dir("vllm-bundle-tests", appauthor=False))
+OLD_VLLM = "0.11.0"  # its CMakeLists.txt lacks gfx1150/gfx1151
+
+
+@pytest.fixture(scope="session")
+def vllm_sdist() -> Callable[[str], Path]:
+    """``vllm_sdist("0.33.0")``: the real source release from PyPI, verified against PyPI's sha256 and
+    downloaded once into a cache that outlives the test run (the production fetcher does it)."""
+    from vllm_bundle.cache import Cache
+    from vllm_bundle.fetch import Artifact, Fetcher
+    from vllm_bundle.progress import PlainReporter
+    from vllm_bundle.simple_index import project_files
+
+    fetcher = Fetcher(Cache(TEST_CACHE / "downloads"), PlainReporter())
+    found: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in found:
+            filename = f"vllm-{version}.tar.gz"
+            entries = {f.filename: f for f in project_files(fetcher.session, "https://pypi.org/simple/", "vllm")}
+            entry = entries[filename]
+            assert entry.sha256
+            found[version] = fetcher.fetch_one(Artifact("vllm", filename, entry.url, entry.sha256, entry.size))
+        return found[version]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def build_python() -> Path:
+    """A build interpreter for the Python-only vLLM wheel: a venv with torch (CPU) and vLLM's build
+    tools, kept between runs (keyed by what is installed)."""
+    requirements = [
+        "torch==2.13.0",
+        "setuptools>=77,<80",
+        "setuptools-scm>=8",
+        "setuptools-rust>=1.9",
+        "wheel",
+        "jinja2",
+        "packaging>=24.2",
+    ]
+    key = hashlib.sha256(json.dumps([sys.version, requirements]).encode()).hexdigest()[:12]
+    venv = TEST_CACHE / f"build-venv-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements], check=True
+        )
+        (venv / ".complete").touch()
+    return python

@@ -250,7 +250,7 @@ def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) ->
 
 def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
     result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache", "--offline")
-    assert_one_line_error(result, "--offline", "missing from the cache", "torch-2.9.0")
+    assert_one_line_error(result, "--offline", "missing from the cache", "torch-2.12.0")
 
 
 def test_cli_disk_full_is_one_line(upstream: UpstreamServer, tmp_path: Path, locked: Path) -> None:
@@ -335,5 +335,5 @@ def test_plain_progress_lines_when_not_a_terminal(locked: Path, upstream: Upstre
     )
     assert result.returncode == 0, result.stderr
     assert "\x1b[" not in result.stderr, "no terminal escapes in logs"
-    assert any(line.startswith("done   torch-2.9.0") for line in result.stderr.splitlines())
+    assert any(line.startswith("done   torch-2.12.0") for line in result.stderr.splitlines())
     assert "already cached" in result.stdout

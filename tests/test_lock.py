@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_one_line_error, lock_against, run_cli
-from tests.upstream.fixture import ROCM_VERSION, TORCH_VERSION, Fixture
+from tests.upstream.fixture import ROCM_VERSION, TORCH_VERSION, TRITON_VERSION, Fixture
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
@@ -54,7 +54,7 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
         "python": "3.12.12",
         "rocm": ROCM_VERSION,
         "torch": TORCH_VERSION,
-        "triton": f"3.5.0+rocm{ROCM_VERSION}",
+        "triton": TRITON_VERSION,
         "vllm": "0.33.0",
     }
     assert {a["role"] for a in lock["artifacts"]} == {"python", "vllm-sdist"}
@@ -73,7 +73,7 @@ def test_lock_keeps_the_one_wheel_the_bundle_installs(locked: Path) -> None:
 def test_vllm_torch_pins_are_replaced_by_therock_builds(locked: Path) -> None:
     _, pylock = lock_docs(locked)
     torch = next(p for p in pylock["packages"] if p["name"] == "torch")
-    assert torch["version"] == TORCH_VERSION  # vLLM's requirements/rocm.txt asked for torch==2.9.0
+    assert torch["version"] == TORCH_VERSION  # vLLM's requirements/rocm.txt asked for torch==2.12.0
 
 
 def test_lock_check_passes_on_a_fresh_lock(locked: Path) -> None:
@@ -98,7 +98,7 @@ def locked_copy(locked: Path, tmp_path: Path) -> Path:
 
 def test_lock_out_of_date_with_its_recipe(locked_copy: Path) -> None:
     channels = locked_copy / "channels.toml"
-    channels.write_text(channels.read_text().replace('torch = ">=2.9"', 'torch = ">=2.10"', 1))
+    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.13"', 1))
     result = run_cli("lock", "--check", "--recipes", locked_copy)
     assert_one_line_error(result, "out of date with its recipe", "nox -s lock -- gfx1151 --channel stable")
     fetch = run_cli("fetch", "gfx1151", "--recipes", locked_copy, "--offline", "--cache-dir", locked_copy / "c")
@@ -150,7 +150,7 @@ def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServ
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
     channels = recipes / "channels.toml"
-    channels.write_text(channels.read_text().replace('rocm = ">=7.10"', 'rocm = ">=9"', 1))
+    channels.write_text(channels.read_text().replace('rocm = ">=7.14"', 'rocm = ">=9"', 1))
     result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
     assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
     assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (

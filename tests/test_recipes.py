@@ -69,7 +69,7 @@ def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
             "size-budget-gib = -1\n",
             "targets.toml: targets.gfx1151.size-budget-gib",
         ),
-        ("channels.toml", 'rocm = ">=7.10"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
+        ("channels.toml", 'rocm = ">=7.14"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
         ("channels.toml", 'therock-layout = "multi-arch"', 'therock-layout = "flat"', "channels.stable.therock-layout"),
         ("components.toml", 'release = "', 'release = "x', "components.toml: python.release"),
         ("components.toml", 'version = "0.33.0"', 'version = "latest"', "components.toml: vllm.version"),

@@ -20,7 +20,11 @@ from vllm_bundle.locker import Sources, check_lock, make_lock
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.progress import human_size, make_reporter
 from vllm_bundle.recipes import Recipes, load_recipes
+from vllm_bundle.simple_index import project_files
+from vllm_bundle.stage import StageResult
 from vllm_bundle.transport import RetryPolicy
+from vllm_bundle.vllm_build import wheel_stage
+from vllm_bundle.vllm_source import outcomes_of, prepare_source
 
 DEFAULT_CHANNEL = "stable"
 
@@ -43,7 +47,7 @@ def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
         Cache(args.cache_dir or default_cache_dir()),
         make_reporter(grand_total, plain=True if args.plain else None),
         policy=policy,
-        mirror=args.mirror if args.verb == "fetch" else None,  # lock applies --mirror itself
+        mirror=None if args.verb == "lock" else args.mirror,  # lock applies --mirror itself
         offline=getattr(args, "offline", False),
         jobs=args.jobs,
     )
@@ -106,6 +110,74 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
+    """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
+    if args.vllm:
+        if args.offline:
+            raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
+        index = args.index or recipes.channel(args.channel).pypi_index
+        filename = f"vllm-{args.vllm}.tar.gz"
+        entry = next((f for f in project_files(fetcher.session, index, "vllm") if f.filename == filename), None)
+        if entry is None or not entry.sha256:
+            raise LockError(f"the index {index} has no {filename} with a sha256", "check the version")
+        artifact = Artifact("vllm", filename, entry.url, entry.sha256, entry.size)
+        return fetcher.fetch_one(artifact), entry.sha256, args.vllm
+    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), _locks_dir(args))
+    lock, _ = read_lock(_locks_dir(args), args.channel, args.target)
+    artifact = lock.artifact("vllm-sdist")
+    return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
+
+
+def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
+    with _fetcher(args, None) as fetcher:
+        sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
+    out = args.build_dir / args.target / "vllm-src"
+    result = prepare_source(sdist, sha, version, args.patches, out, force=args.force)
+    state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
+    print(f"stage  vllm-src ({state}): vLLM {version} in {out}")
+    for outcome in outcomes_of(result):
+        variant = f" ({outcome.variant})" if outcome.variant else ""
+        print(f"  {outcome.patch_id:<20} {outcome.status}{variant}")
+    return result
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    recipes.target(args.target)
+    _source_stage(args, recipes)
+    return 0
+
+
+def cmd_vllm_wheel(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    target = recipes.target(args.target)
+    source = _source_stage(args, recipes)
+    base = args.build_dir / args.target
+    python = args.python.absolute()
+    if not python.exists():
+        raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
+    result = wheel_stage(
+        target, source, python, base / "vllm-wheel", base / "logs" / "vllm-wheel.log", force=args.force
+    )
+    state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
+    print(
+        f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} "
+        f"(VLLM_TARGET_DEVICE={result.details['device']})"
+    )
+    return 0
+
+
+def _build_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target")
+    parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
+    parser.add_argument("--index", help="package index for --vllm (default: the channel's PyPI index)")
+    parser.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
+    parser.add_argument("--patches", type=Path, default=Path("patches/vllm"), help="the patch series directory")
+    parser.add_argument("--force", action="store_true", help="redo the stage even when its inputs are unchanged")
+    parser.add_argument("--offline", action="store_true", help="use the download cache only")
+    parser.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
     parser.add_argument("--locks", type=Path, default=None, help="locks directory (<recipes>/locks)")
@@ -148,6 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--offline", action="store_true", help="use the cache only; list what is missing")
     _common(fetch)
     fetch.set_defaults(func=cmd_fetch)
+
+    patch = verbs.add_parser("patch", help="extract vLLM's source release and apply the patch series")
+    _build_options(patch)
+    _common(patch)
+    patch.set_defaults(func=cmd_patch)
+
+    wheel = verbs.add_parser("vllm-wheel", help="build the vLLM wheel from the patched source")
+    _build_options(wheel)
+    wheel.add_argument(
+        "--python",
+        type=Path,
+        default=Path(sys.executable),
+        help="build interpreter with torch (and the ROCm SDK for a ROCm build)",
+    )
+    _common(wheel)
+    wheel.set_defaults(func=cmd_vllm_wheel)
     return parser
 
 

@@ -80,10 +80,31 @@ class PythonRecipe:
 
 
 @dataclass(frozen=True)
+class AttentionRule:
+    """How to make an attention backend the default for some vLLM versions: a flag or a variable."""
+
+    versions: SpecifierSet
+    backend: str
+    flag: str | None
+    env: str | None
+
+
+@dataclass(frozen=True)
 class VllmRecipe:
     version: str
     requirement_files: tuple[str, ...]
     drop_requirements: tuple[str, ...]
+    attention: tuple[AttentionRule, ...]
+
+    def attention_rule(self, version: str | None = None) -> AttentionRule:
+        wanted = Version(version or self.version)
+        for rule in self.attention:
+            if rule.versions.contains(wanted, prereleases=True):
+                return rule
+        raise RecipeError(
+            f"bad recipe {COMPONENTS_FILE}: no [[vllm.attention]] entry covers vLLM {wanted}",
+            "add one for this version",
+        )
 
     @property
     def sdist(self) -> str:
@@ -262,6 +283,25 @@ def _parse_python(doc: _Table) -> PythonRecipe:
     )
 
 
+def _parse_attention(vllm: _Table) -> tuple[AttentionRule, ...]:
+    entries = vllm.get("attention", list, "a list of [[vllm.attention]] tables")
+    rules = []
+    for index, entry in enumerate(entries):
+        table = _Table(entry, vllm.file, f"{vllm.path}.attention[{index}]")
+        flag, env = table.data.get("flag"), table.data.get("env")
+        if (flag is None) == (env is None):
+            raise table.fail("flag", "exactly one of flag = '--...' or env = 'NAME'")
+        rules.append(
+            AttentionRule(
+                SpecifierSet(table.specifier("versions")),
+                table.text("backend"),
+                table.text("flag") if flag is not None else None,
+                table.text("env") if env is not None else None,
+            )
+        )
+    return tuple(rules)
+
+
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
     raw = {name: _read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
@@ -279,6 +319,7 @@ def load_recipes(root: Path) -> Recipes:
             version=vllm.version("version"),
             requirement_files=vllm.strings("requirement-files"),
             drop_requirements=vllm.strings("drop-requirements"),
+            attention=_parse_attention(vllm),
         ),
         raw=raw,
     )

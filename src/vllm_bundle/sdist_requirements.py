@@ -53,21 +53,38 @@ def _requirement_name(line: str) -> str | None:
         return None
 
 
+TORCH_FAMILY = ("torch", "torchvision", "torchaudio", "torchcodec")
+
+
+def drop_lines(path: Path, names: set[str], drop_index_options: bool = True) -> list[str]:
+    """Rewrite one requirement file without the named packages (and index options); returns what went."""
+    kept, dropped = [], []
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        name = _requirement_name(stripped)
+        if (name is not None and name in names) or (drop_index_options and stripped.startswith(INDEX_OPTIONS)):
+            dropped.append(f"{path.name}: {stripped}")
+            continue
+        kept.append(line)
+    path.write_text("\n".join(kept) + "\n")
+    return dropped
+
+
 def filter_requirement_files(top: Path, files: tuple[str, ...], drop: tuple[str, ...]) -> FilteredRequirements:
-    """Rewrite every requirement file in place, dropping the named packages and index options."""
-    dropped_names = {canonicalize_name(name) for name in drop}
-    dropped: list[str] = []
-    for path in _included_files([top / name for name in files]):
-        kept = []
-        for line in path.read_text().splitlines():
-            stripped = line.strip()
-            name = _requirement_name(stripped)
-            if (name is not None and name in dropped_names) or stripped.startswith(INDEX_OPTIONS):
-                dropped.append(f"{path.name}: {stripped}")
-                continue
-            kept.append(line)
-        path.write_text("\n".join(kept) + "\n")
+    """Rewrite the requirement files reachable from ``files``, dropping the named packages and index options."""
+    names: set[str] = {canonicalize_name(name) for name in drop}
+    dropped = [line for path in _included_files([top / name for name in files]) for line in drop_lines(path, names)]
     return FilteredRequirements([top / name for name in files], dropped)
+
+
+def filter_torch_family(source: Path) -> list[str]:
+    """What vLLM's ``use_existing_torch.py`` does, for releases that lack a working one."""
+    names = set(TORCH_FAMILY)
+    dropped = []
+    for path in sorted((source / "requirements").rglob("*")):
+        if path.is_file() and path.suffix in (".txt", ".in"):
+            dropped += drop_lines(path, names, drop_index_options=False)
+    return dropped
 
 
 def _included_files(roots: list[Path]) -> list[Path]:

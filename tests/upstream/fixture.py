@@ -27,9 +27,9 @@ from .packaging_fixtures import compile_shared, make_tarball, make_wheel
 
 PYTHON_VERSION = "3.12.12"
 PYTHON_RELEASE = "20251120"
-ROCM_VERSION = "7.10.0"
-TORCH_VERSION = f"2.9.0+rocm{ROCM_VERSION}"
-TRITON_VERSION = f"3.5.0+rocm{ROCM_VERSION}"
+ROCM_VERSION = "7.14.0"
+TORCH_VERSION = f"2.12.0+rocm{ROCM_VERSION}"
+TRITON_VERSION = f"3.7.1+git0263a6a6.rocm{ROCM_VERSION}"
 VLLM_VERSION = "0.33.0"
 ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
 CP = "cp312"
@@ -233,7 +233,7 @@ def _therock_wheels(fx: Fixture, libs: dict[str, Path]) -> None:
             TRITON_VERSION,
             f"{CP}-{CP}-{LINUX}",
             {
-                "triton/__init__.py": b"__version__ = '3.5.0'\n",
+                "triton/__init__.py": b"__version__ = '3.7.1'\n",
                 "triton/_C/libtriton.so": libs["triton"],
             },
         )
@@ -282,9 +282,9 @@ def _fixture_vllm_sdist(fx: Fixture) -> None:
         f"{top}/requirements/common.txt": b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\n",
         f"{top}/requirements/rocm.txt": (
             b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
-            b"torch==2.9.0\ntriton==3.5.0\n"
+            b"torch==2.12.0\ntriton==3.7.1\n"
         ),
-        f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.9.0\n",
+        f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.12.0\n",
     }
     sdist = make_tarball(fx.root / "files" / f"{top}.tar.gz", files)
     fx.files[sdist.name] = sdist

@@ -1,0 +1,52 @@
+"""The ``bin/vllm-server`` launcher, rendered from a POSIX sh template.
+
+sh rather than Python: it must find the bundle and set the library path *before* the bundled
+interpreter starts, and ``exec`` it so installers' SIGTERM/SIGKILL reach vLLM directly.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from importlib import resources
+
+from vllm_bundle.recipes import AttentionRule
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+TEMPLATE = "vllm-server.sh"
+
+
+def template_text() -> str:
+    return resources.files("vllm_bundle").joinpath("templates", TEMPLATE).read_text()
+
+
+def render_launcher(
+    *,
+    python_minor: str,
+    library_dirs: Sequence[str],
+    clang: str,
+    attention: AttentionRule,
+    vllm_version: str,
+    target: str,
+    server_module: str = SERVER_MODULE,
+) -> str:
+    """``library_dirs`` and ``clang`` are relative to site-packages (they become ``$site/...``)."""
+    for name in (*library_dirs, clang):
+        if any(c in name for c in '"$`\\\n') or name.startswith("/"):
+            raise ValueError(f"unsafe path for the launcher: {name!r}")
+    values = {
+        "@PYTHON_MINOR@": python_minor,
+        "@LIBRARY_PATH@": ":".join(f"$site/{d}" for d in library_dirs),
+        "@CC@": f"$site/{clang}",
+        "@ATTENTION_MODE@": "flag" if attention.flag else "env",
+        "@ATTENTION_FLAG@": shlex.quote(attention.flag or "--attention-backend"),
+        "@ATTENTION_ENV@": attention.env or "VLLM_ATTENTION_BACKEND",
+        "@ATTENTION_BACKEND@": shlex.quote(attention.backend),
+        "@SERVER_MODULE@": server_module,
+        "@VLLM_VERSION@": vllm_version,
+        "@TARGET@": target,
+    }
+    text = template_text()
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text

@@ -1,0 +1,226 @@
+"""The patch series on real vLLM source releases from PyPI, and the Python-only wheel build."""
+
+from __future__ import annotations
+
+import hashlib
+import py_compile
+import re
+import shutil
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from tests.conftest import OLD_VLLM, REPO, assert_one_line_error, run_cli
+from vllm_bundle.patches import PatchError, apply_series, read_series
+from vllm_bundle.recipes import load_recipes
+from vllm_bundle.vllm_source import extract_sdist, outcomes_of, prepare_source
+
+PINNED = load_recipes(REPO / "recipes").vllm.version
+PATCHES = REPO / "patches" / "vllm"
+ARCHS = re.compile(r'set\(HIP_SUPPORTED_ARCHS "([^"]*)"\)')
+PLATFORMS = "vllm/platforms/__init__.py"
+
+
+def hip_archs(tree: Path) -> list[str]:
+    match = ARCHS.search((tree / "CMakeLists.txt").read_text())
+    assert match
+    return match.group(1).split(";")
+
+
+def rocm_plugin_source(tree: Path) -> str:
+    text = (tree / PLATFORMS).read_text()
+    start = text.index("def rocm_platform_plugin")
+    return text[start : text.index("\ndef ", start + 1)]
+
+
+def digest(tree: Path, *names: str) -> str:
+    return hashlib.sha256(b"".join((tree / n).read_bytes() for n in names)).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def old_tree(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("old") / "vllm-src"
+    prepare_source(vllm_sdist(OLD_VLLM), "sha-old", OLD_VLLM, PATCHES, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pinned_stage(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    out = tmp_path_factory.mktemp("pinned") / "vllm-src"
+    return prepare_source(vllm_sdist(PINNED), "sha-pinned", PINNED, PATCHES, out)
+
+
+def test_older_release_gets_the_rdna_archs_and_the_fallback(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    pristine = tmp_path / "pristine"
+    extract_sdist(vllm_sdist(OLD_VLLM), pristine, OLD_VLLM)
+    assert "gfx1151" not in hip_archs(pristine), "premise: this release lacks gfx1151"
+    result = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
+    tree = result.path
+    assert {(o.patch_id, o.status) for o in outcomes_of(result)} == {
+        ("hip-archs-rdna", "applied"),
+        ("amdsmi-fallback", "applied"),
+    }
+    archs = hip_archs(tree)
+    assert {"gfx1150", "gfx1151", "gfx1102", "gfx1103"} <= set(archs)
+    assert set(hip_archs(pristine)) <= set(archs), "nothing upstream listed was dropped"
+    plugin = rocm_plugin_source(tree)
+    assert "torch.version" in plugin and "torch.cuda.is_available()" in plugin
+    py_compile.compile(str(tree / PLATFORMS), doraise=True)
+
+
+def test_pinned_release_reports_archs_already_upstream(pinned_stage) -> None:  # type: ignore[no-untyped-def]
+    tree = pinned_stage.path
+    assert {(o.patch_id, o.status) for o in outcomes_of(pinned_stage)} == {
+        ("hip-archs-rdna", "already upstream"),
+        ("amdsmi-fallback", "applied"),
+    }
+    assert {"gfx1150", "gfx1151"} <= set(hip_archs(tree))
+    plugin = rocm_plugin_source(tree)
+    assert "in_wsl()" not in plugin, "the torch fallback no longer depends on WSL"
+    assert "if not is_rocm:" in plugin and 'getattr(torch.version, "hip", None)' in plugin
+    py_compile.compile(str(tree / PLATFORMS), doraise=True)
+
+
+def test_reapplying_is_a_no_op(old_tree: Path, pinned_stage) -> None:  # type: ignore[no-untyped-def]
+    series = read_series(PATCHES)
+    for tree, version in ((old_tree, OLD_VLLM), (pinned_stage.path, PINNED)):
+        before = digest(tree, "CMakeLists.txt", PLATFORMS)
+        outcomes = apply_series(tree, series, Version(version))
+        assert {o.status for o in outcomes} <= {"already applied", "already upstream"}
+        assert digest(tree, "CMakeLists.txt", PLATFORMS) == before
+
+
+def test_stage_is_skipped_when_nothing_changed(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    first = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
+    second = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
+    assert not first.cached and second.cached
+    assert outcomes_of(second) == outcomes_of(first)
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES, patches)
+    why = patches / "amdsmi-fallback.v0.10.patch"
+    why.write_text(why.read_text().replace("Why: ", "Why: (edited) ", 1))
+    third = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, patches, tmp_path / "src")
+    assert not third.cached, "a changed patch redoes the stage"
+
+
+def test_hunk_that_cannot_apply_names_everything_and_touches_nothing(
+    vllm_sdist: Callable[[str], Path], tmp_path: Path
+) -> None:
+    tree = tmp_path / "src"
+    extract_sdist(vllm_sdist(OLD_VLLM), tree, OLD_VLLM)
+    platforms = tree / PLATFORMS
+    platforms.write_text(
+        platforms.read_text().replace(
+            'logger.debug("ROCm platform is not available because: %s", str(e))',
+            'logger.info("ROCm is not available: %s", e)',
+        )
+    )
+    before = digest(tree, "CMakeLists.txt", PLATFORMS)
+    with pytest.raises(PatchError) as caught:
+        apply_series(tree, read_series(PATCHES), Version(OLD_VLLM))
+    message = str(caught.value)
+    for part in (
+        "amdsmi-fallback.v0.10.patch",
+        PLATFORMS,
+        "hunk #1",
+        "@@ -119,6 +119,18 @@",
+        f"vLLM {OLD_VLLM}",
+        "left untouched",
+    ):
+        assert part in message, (part, message)
+    assert digest(tree, "CMakeLists.txt", PLATFORMS) == before, "the CMake patch, applied first, was not kept"
+
+
+def test_version_without_a_variant_asks_for_a_port(old_tree: Path) -> None:
+    with pytest.raises(PatchError, match=r"no variant of patch hip-archs-rdna covers vLLM 0\.20\.0"):
+        apply_series(old_tree.parent / "nowhere", read_series(PATCHES), Version("0.20.0"))
+
+
+def test_broken_patch_on_the_command_line_is_one_line(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    vllm_sdist(OLD_VLLM)
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES, patches)
+    broken = patches / "hip-archs-rdna.v0.10.patch"
+    broken.write_text(
+        broken.read_text().replace('-set(HIP_SUPPORTED_ARCHS "gfx906', '-set(HIP_SUPPORTED_ARCHS "gfx900')
+    )
+    from tests.conftest import TEST_CACHE
+
+    result = run_cli(
+        "patch",
+        "gfx1151",
+        "--vllm",
+        OLD_VLLM,
+        "--patches",
+        patches,
+        "--build-dir",
+        tmp_path / "build",
+        "--cache-dir",
+        TEST_CACHE / "downloads",
+        "--plain",
+    )
+    assert_one_line_error(result, "hip-archs-rdna.v0.10.patch", "CMakeLists.txt", "hunk #1", f"vLLM {OLD_VLLM}")
+    assert not (tmp_path / "build" / "gfx1151" / "vllm-src").exists(), "no half-patched stage output"
+    assert not (tmp_path / "build" / "gfx1151" / ".vllm-src.tmp").exists()
+
+
+def test_python_only_wheel_holds_the_patched_files(
+    vllm_sdist: Callable[[str], Path], build_python: Path, tmp_path: Path
+) -> None:
+    vllm_sdist(PINNED)
+    from tests.conftest import TEST_CACHE
+
+    result = run_cli(
+        "vllm-wheel",
+        "gfx1151",
+        "--vllm",
+        PINNED,
+        "--python",
+        build_python,
+        "--build-dir",
+        tmp_path / "build",
+        "--cache-dir",
+        TEST_CACHE / "downloads",
+        "--plain",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "VLLM_TARGET_DEVICE=empty" in result.stdout
+    (wheel,) = (tmp_path / "build" / "gfx1151" / "vllm-wheel").glob("vllm-*.whl")
+    assert wheel.name.startswith(f"vllm-{PINNED}+empty-")
+    with zipfile.ZipFile(wheel) as archive:
+        plugin = archive.read(PLATFORMS).decode()
+        metadata = archive.read(f"vllm-{PINNED}+empty.dist-info/METADATA").decode()
+    assert "in_wsl()" not in plugin[plugin.index("def rocm_platform_plugin") :].split("\ndef ")[0]
+    assert "Requires-Dist: torch" not in metadata, "torch pins removed (TheRock's torch is used)"
+    log = tmp_path / "build" / "gfx1151" / "logs" / "vllm-wheel.log"
+    assert "removed from" in log.read_text()
+
+
+def test_failed_wheel_build_shows_the_log_tail(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    """A build interpreter without torch: vLLM's setup.py fails; the tail and the log path are shown."""
+    import sys
+
+    from tests.conftest import TEST_CACHE
+
+    vllm_sdist(OLD_VLLM)
+    result = run_cli(
+        "vllm-wheel",
+        "gfx1151",
+        "--vllm",
+        OLD_VLLM,
+        "--python",
+        sys.executable,
+        "--build-dir",
+        tmp_path / "build",
+        "--cache-dir",
+        TEST_CACHE / "downloads",
+        "--plain",
+    )
+    last = assert_one_line_error(result, "the vLLM wheel build failed", "vllm-wheel.log", quotes_a_log=True)
+    assert "torch" in result.stderr.replace(last, ""), "the log tail shows why"
+    assert (tmp_path / "build" / "gfx1151" / "logs" / "vllm-wheel.log").exists()
+    assert not (tmp_path / "build" / "gfx1151" / "vllm-wheel").exists()
