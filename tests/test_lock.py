@@ -156,3 +156,40 @@ def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServ
     assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (
         locked / "locks" / "stable" / "gfx1151.toml"
     ).read_bytes(), "a failed lock leaves the old one intact"
+
+
+def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    channels = recipes / "channels.toml"
+    channels.write_text(
+        channels.read_text().replace(
+            "[channels.stable.versions]", f'vllm-wheel = "==0.33.0+rocm{ROCM_VERSION}"\n\n[channels.stable.versions]', 1
+        )
+    )
+    result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    lock, pylock = lock_docs(recipes)
+    assert [a["role"] for a in lock["artifacts"]] == ["python"], "no source release to build"
+    assert lock["versions"]["vllm"] == f"0.33.0+rocm{ROCM_VERSION}"
+    vllm = next(p for p in pylock["packages"] if p["name"] == "vllm")
+    assert vllm["wheels"][0]["url"].endswith(f"vllm-0.33.0+rocm{ROCM_VERSION}-cp312-cp312-linux_x86_64.whl")
+    assert {"fastapi", "regex", "torch"} <= {p["name"] for p in pylock["packages"]}, "the wheel's own closure"
+
+    common = [
+        "--recipes",
+        recipes,
+        "--cache-dir",
+        tmp_path / "cache2",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--build-dir",
+        tmp_path / "build",
+        "--plain",
+    ]
+    built = run_cli("vllm-wheel", "gfx1151", *common)
+    assert built.returncode == 0, built.stderr
+    assert "VLLM_TARGET_DEVICE=prebuilt" in built.stdout
+    stage = tmp_path / "build" / "gfx1151" / "vllm-wheel"
+    assert [p.name for p in stage.iterdir()] == [f"vllm-0.33.0+rocm{ROCM_VERSION}-cp312-cp312-linux_x86_64.whl"]
+    assert_one_line_error(run_cli("patch", "gfx1151", *common), "repackage mode", "nothing to patch")

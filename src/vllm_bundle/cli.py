@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from vllm_bundle.recipes import Recipes, load_recipes
 from vllm_bundle.simple_index import project_files
 from vllm_bundle.stage import StageResult
 from vllm_bundle.transport import RetryPolicy
-from vllm_bundle.vllm_build import wheel_stage
+from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import outcomes_of, prepare_source
 
 DEFAULT_CHANNEL = "stable"
@@ -141,9 +142,41 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
     return result
 
 
+def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
+    """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
+    if args.vllm:
+        return None
+    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), _locks_dir(args))
+    lock, pylock = read_lock(_locks_dir(args), args.channel, args.target)
+    if "vllm-sdist" in lock.roles:
+        return None
+    wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
+    artifact = next((a for a in wheels if a.name == "vllm"), None)
+    if artifact is None:
+        raise LockError(
+            f"the lock for {args.channel}/{args.target} pins neither a vLLM source release nor a wheel", "re-lock"
+        )
+    with _fetcher(args, artifact.size) as fetcher:
+        path = fetcher.fetch_one(artifact)
+    # Cache blobs are named by hash; the stage needs the wheel's own file name.
+    named = args.build_dir / args.target / ".downloads" / artifact.filename
+    named.parent.mkdir(parents=True, exist_ok=True)
+    named.unlink(missing_ok=True)
+    try:
+        named.hardlink_to(path)
+    except OSError:  # another file system
+        shutil.copyfile(path, named)
+    return named, artifact
+
+
 def cmd_patch(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
     recipes.target(args.target)
+    if _prebuilt_vllm(args, recipes) is not None:
+        raise RecipeError(
+            f"channel {args.channel} uses a prebuilt vLLM wheel (repackage mode): nothing to patch",
+            "use a channel without vllm-wheel, or --vllm VERSION",
+        )
     _source_stage(args, recipes)
     return 0
 
@@ -151,14 +184,19 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def cmd_vllm_wheel(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
     target = recipes.target(args.target)
-    source = _source_stage(args, recipes)
     base = args.build_dir / args.target
-    python = args.python.absolute()
-    if not python.exists():
-        raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
-    result = wheel_stage(
-        target, source, python, base / "vllm-wheel", base / "logs" / "vllm-wheel.log", force=args.force
-    )
+    prebuilt = _prebuilt_vllm(args, recipes)
+    if prebuilt is not None:
+        wheel, artifact = prebuilt
+        result = prebuilt_wheel_stage(wheel, artifact.sha256, base / "vllm-wheel", force=args.force)
+    else:
+        source = _source_stage(args, recipes)
+        python = args.python.absolute()
+        if not python.exists():
+            raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
+        result = wheel_stage(
+            target, source, python, base / "vllm-wheel", base / "logs" / "vllm-wheel.log", force=args.force
+        )
     state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
     print(
         f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} "

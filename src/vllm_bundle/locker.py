@@ -110,8 +110,9 @@ def lock_vllm_sdist(recipes: Recipes, index: str, fetcher: Fetcher) -> tuple[Art
     return Artifact("vllm", filename, entry.url, entry.sha256, path.stat().st_size), entry
 
 
-def bundle_requirements(recipes: Recipes, target: Target, channel: Channel, vllm_files: list[Path]) -> str:
-    """The top-level requirements uv resolves: pinned components, device wheels, vLLM's files."""
+def bundle_requirements(recipes: Recipes, target: Target, channel: Channel, vllm_lines: list[str]) -> str:
+    """The top-level requirements uv resolves: pinned components, device wheels, and vLLM's
+    requirement files (source builds) or the prebuilt vLLM wheel itself (repackage mode)."""
     lines = ["# components (recipes/components.toml, versions from recipes/channels.toml)"]
     for component, names in recipes.component_requirements.items():
         lines += [f"{name}{channel.versions[component]}" for name in names]
@@ -121,8 +122,8 @@ def bundle_requirements(recipes: Recipes, target: Target, channel: Channel, vllm
         for component, template in templates.items():
             spec = channel.versions.get(component, "")
             lines += [f"{template.format(isa=isa)}{spec}" for isa in target.isas]
-    lines.append("# vLLM's own requirements (torch family and index options removed)")
-    lines += [f"-r {path}" for path in vllm_files]
+    lines.append("# vLLM")
+    lines += vllm_lines
     return "\n".join(lines) + "\n"
 
 
@@ -206,9 +207,9 @@ def _content_length(fetcher: Fetcher, url: str) -> int:
     return int(length)
 
 
-def _component_versions(recipes: Recipes, pylock: Mapping[str, Any]) -> dict[str, str]:
+def _component_versions(recipes: Recipes, pylock: Mapping[str, Any], prebuilt_vllm: bool) -> dict[str, str]:
     versions = locked_versions(pylock)
-    result = {"python": recipes.python.version, "vllm": recipes.vllm.version}
+    result = {"python": recipes.python.version, "vllm": versions["vllm"] if prebuilt_vllm else recipes.vllm.version}
     for component, names in recipes.component_requirements.items():
         name = canonicalize_name(Requirement(names[0]).name)
         if name not in versions:
@@ -217,9 +218,9 @@ def _component_versions(recipes: Recipes, pylock: Mapping[str, Any]) -> dict[str
     return result
 
 
-def _source_date(pylock: Mapping[str, Any], sdist: IndexFile, recipes: Recipes) -> int:
+def _source_date(pylock: Mapping[str, Any], stamps: list[int], recipes: Recipes) -> int:
     """The newest upload time among the inputs; else the CPython release date. Never "now"."""
-    stamps = [sdist.upload_time] if sdist.upload_time else []
+    stamps = list(stamps)
     for package in pylock.get("packages", []):
         for wheel in package.get("wheels", []):
             stamp = wheel.get("upload-time")
@@ -230,41 +231,60 @@ def _source_date(pylock: Mapping[str, Any], sdist: IndexFile, recipes: Recipes) 
     return int(datetime.strptime(recipes.python.release, "%Y%m%d").replace(tzinfo=UTC).timestamp())
 
 
+@dataclass
+class _VllmInputs:
+    """What the lock knows of vLLM before resolving: its requirement lines and pinned artifacts."""
+
+    requirement_lines: list[str]
+    artifacts: dict[str, Artifact]  # role -> artifact
+    upload_times: list[int]
+
+
+def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: Sources, work: Path) -> _VllmInputs:
+    if channel.vllm_wheel is not None:
+        fetcher.reporter.note(f"lock   vLLM: prebuilt wheel vllm{channel.vllm_wheel} (repackage mode)")
+        return _VllmInputs([f"vllm{channel.vllm_wheel}"], {}, [])
+    index = sources.index or channel.pypi_index
+    fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {index}")
+    sdist, entry = lock_vllm_sdist(recipes, index, fetcher)
+    top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm")
+    filtered = filter_requirement_files(top, recipes.vllm.requirement_files, recipes.vllm.drop_requirements)
+    for line in filtered.dropped:
+        fetcher.reporter.note(f"lock   dropped from vLLM's requirements: {line}")
+    lines = ["# vLLM's own requirements (torch family and index options removed)"]
+    lines += [f"-r {path}" for path in filtered.top_files]
+    return _VllmInputs(lines, {"vllm-sdist": sdist}, [entry.upload_time] if entry.upload_time else [])
+
+
 def make_lock(
     recipes: Recipes, target: Target, channel: Channel, fetcher: Fetcher, sources: Sources, locks_dir: Path
 ) -> Lock:
     """Resolve, pin and write both lock files for (target, channel)."""
     fetcher.reporter.note(f"lock   {target.name} ({channel.name}): CPython {recipes.python.version}")
     python = lock_python(recipes, channel, fetcher, sources)
-    index = sources.index or channel.pypi_index
-    fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {index}")
-    sdist, sdist_entry = lock_vllm_sdist(recipes, index, fetcher)
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-lock-") as tmp:
         work = Path(tmp)
-        top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm")
-        filtered = filter_requirement_files(top, recipes.vllm.requirement_files, recipes.vllm.drop_requirements)
-        for line in filtered.dropped:
-            fetcher.reporter.note(f"lock   dropped from vLLM's requirements: {line}")
+        vllm = _vllm_inputs(recipes, channel, fetcher, sources, work)
         requirements = work / "bundle.in"
-        requirements.write_text(bundle_requirements(recipes, target, channel, filtered.top_files))
+        requirements.write_text(bundle_requirements(recipes, target, channel, vllm.requirement_lines))
         fetcher.reporter.note(
             f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
         )
-        run_uv_compile(
-            requirements, work / "pylock.resolved.toml", recipes, channel, target, sources, fetcher.cache.root / "uv"
-        )
-        with (work / "pylock.resolved.toml").open("rb") as handle:
+        resolved = work / "pylock.resolved.toml"
+        run_uv_compile(requirements, resolved, recipes, channel, target, sources, fetcher.cache.root / "uv")
+        with resolved.open("rb") as handle:
             pylock = _trim_and_size(tomllib.load(handle), recipes, fetcher)
     pylock_bytes = tomli_w.dumps(pylock).encode()
+    artifacts = {"python": python, **vllm.artifacts}
     lock = Lock(
         target=target.name,
         channel=channel.name,
         recipe_hash=recipes.recipe_hash(target, channel),
         pylock_sha256=hashlib.sha256(pylock_bytes).hexdigest(),
-        source_date_epoch=_source_date(pylock, sdist_entry, recipes),
-        versions=_component_versions(recipes, pylock),
-        artifacts=(python, sdist),
-        roles={"python": python.sha256, "vllm-sdist": sdist.sha256},
+        source_date_epoch=_source_date(pylock, vllm.upload_times, recipes),
+        versions=_component_versions(recipes, pylock, prebuilt_vllm=channel.vllm_wheel is not None),
+        artifacts=tuple(artifacts.values()),
+        roles={role: a.sha256 for role, a in artifacts.items()},
     )
     lock_path, pylock_path = lock_paths(locks_dir, channel.name, target.name)
     # The pylock goes first: a crash between the two writes leaves a lock whose pylock-sha256 no

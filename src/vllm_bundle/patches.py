@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from unidiff import PatchSet
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
+from unidiff.patch import PatchSet
 
 from vllm_bundle.errors import BundleError, RecipeError
 

@@ -56,6 +56,7 @@ class Channel:
     python_releases: str
     prereleases: bool
     versions: Mapping[str, str]
+    vllm_wheel: str | None = None  # repackage mode: a prebuilt vLLM wheel (specifier) from the indexes
 
     def therock_index_for(self, target: Target) -> str:
         return self.therock_index.replace("{family}", target.legacy_family)
@@ -264,6 +265,7 @@ def _parse_channels(doc: _Table, components: tuple[str, ...]) -> dict[str, Chann
             python_releases=entry.text("python-releases"),
             prereleases=entry.get("prereleases", bool, "true or false"),
             versions={c: versions.data[c] for c in components},
+            vllm_wheel=entry.specifier("vllm-wheel") if "vllm-wheel" in entry.data else None,
         )
     return channels
 

@@ -132,6 +132,19 @@ def build_wheel(source: Path, python: Path, env: Mapping[str, str], wheel_dir: P
     return wheels[0]
 
 
+def prebuilt_wheel_stage(wheel: Path, sha256: str, out: Path, force: bool = False) -> StageResult:
+    """Stage ``vllm-wheel`` in repackage mode: the locked prebuilt wheel, taken as it is."""
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        name = wheel.name if wheel.name.endswith(".whl") else None
+        if name is None:
+            raise BuildError(f"the cached vLLM wheel {wheel} has no wheel file name")
+        shutil.copyfile(wheel, tmp / name)
+        return {"wheel": name, "device": "prebuilt"}
+
+    return run_stage(out, "vllm-wheel", STAGE_VERSION, {"prebuilt": sha256}, build, force=force)
+
+
 def wheel_stage(
     target: Target, source: StageResult, python: Path, out: Path, log: Path, force: bool = False
 ) -> StageResult:

@@ -226,6 +226,16 @@ def _therock_wheels(fx: Fixture, libs: dict[str, Path]) -> None:
             requires=(f"rocm[libraries]=={v}", f"triton=={TRITON_VERSION}", "filelock", "typing-extensions>=4.10"),
         )
     )
+    wheels.append(  # a prebuilt ROCm vLLM wheel, for channels in repackage mode
+        make_wheel(
+            out,
+            "vllm",
+            f"{VLLM_VERSION}+rocm{v}",
+            f"{CP}-{CP}-{LINUX}",
+            {"vllm/__init__.py": f"__version__ = '{VLLM_VERSION}+rocm{v}'\n".encode()},
+            requires=(f"torch=={TORCH_VERSION}", "fastapi>=0.115", "regex"),
+        )
+    )
     wheels.append(
         make_wheel(
             out,

@@ -1,0 +1,150 @@
+"""The launcher: defaults (Triton attention by vLLM version), environment, arguments, exec."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from vllm_bundle.launcher import render_launcher
+from vllm_bundle.recipes import load_recipes
+
+RECIPES = load_recipes(REPO / "recipes")
+LIBS = ["_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "torch/lib"]
+CLANG = "_rocm_sdk_core/lib/llvm/bin/clang"
+# Stands in for the bundled interpreter: reports what it was started with.
+STAND_IN = """#!/bin/sh
+exec "{python}" -c '
+import json, os, sys
+keys = ["LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONNOUSERSITE", "FLASH_ATTENTION_TRITON_AMD_ENABLE", "CC",
+        "VLLM_ATTENTION_BACKEND"]
+print(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "env": {{k: os.environ.get(k) for k in keys}}}}))
+' "$@"
+"""
+
+
+def make_root(root: Path, vllm_version: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    site = root / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    launcher = root / "bin" / "vllm-server"
+    launcher.write_text(
+        render_launcher(
+            python_minor="3.12",
+            library_dirs=LIBS,
+            clang=CLANG,
+            attention=RECIPES.vllm.attention_rule(vllm_version),
+            vllm_version=vllm_version,
+            target="gfx1151",
+        )
+    )
+    launcher.chmod(0o755)
+    python = root / "bin" / "python3.12"
+    python.write_text(STAND_IN.format(python=sys.executable))
+    python.chmod(0o755)
+    return launcher
+
+
+def start(launcher: Path, *args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    """Run the launcher with an empty environment (plus ``env``), as `env -i` would."""
+    proc = subprocess.Popen([str(launcher), *args], env=env or {}, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    report: dict = json.loads(out)  # type: ignore[type-arg]
+    assert report["pid"] == proc.pid, "the launcher exec's python (signals reach vLLM directly)"
+    return report
+
+
+SERVER_ARGS = [
+    "--model",
+    "/models/Qwen 3",
+    "--port",
+    "8001",
+    "--host",
+    "127.0.0.1",
+    "--served-model-name",
+    'it\'s "quoted" $HOME *',
+    "--max-model-len",
+    "4096",
+    "--enable-prefix-caching",
+]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "a path with spaces" / "bundle"
+
+
+def test_launcher_is_valid_posix_sh(root: Path) -> None:
+    launcher = make_root(root, "0.33.0")
+    subprocess.run(["sh", "-n", str(launcher)], check=True)
+
+
+def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
+    report = start(make_root(root, "0.33.0"), *SERVER_ARGS)
+    module_args = report["argv"]
+    assert module_args == [
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *SERVER_ARGS,
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    env = report["env"]
+    site = root.resolve() / "lib" / "python3.12" / "site-packages"
+    assert env["LD_LIBRARY_PATH"] == ":".join(str(site / d) for d in LIBS)
+    assert env["PYTHONNOUSERSITE"] == "1"
+    assert env["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
+    assert env["CC"] == str(site / CLANG)
+    assert env["PYTHONPATH"] is None
+    assert env["VLLM_ATTENTION_BACKEND"] is None, "0.33 ignores the variable; the flag is used"
+
+
+@pytest.mark.parametrize("choice", [["--attention-backend", "ROCM_ATTN"], ["--attention-backend=ROCM_ATTN"]])
+def test_caller_choice_of_backend_wins(root: Path, choice: list[str]) -> None:
+    report = start(make_root(root, "0.33.0"), "--model", "m", *choice)
+    assert report["argv"][2:] == ["--model", "m", *choice]
+
+
+@pytest.mark.parametrize(("version", "backend"), [("0.11.0", "TRITON_ATTN"), ("0.10.2", "TRITON_ATTN_VLLM_V1")])
+def test_old_versions_get_the_environment_variable(root: Path, version: str, backend: str) -> None:
+    launcher = make_root(root, version)
+    report = start(launcher, "--model", "m")
+    assert report["argv"][2:] == ["--model", "m"], "no flag that this vLLM would reject"
+    assert report["env"]["VLLM_ATTENTION_BACKEND"] == backend
+    chosen = start(launcher, "--model", "m", env={"VLLM_ATTENTION_BACKEND": "ROCM_FLASH"})
+    assert chosen["env"]["VLLM_ATTENTION_BACKEND"] == "ROCM_FLASH"
+
+
+def test_callers_paths_are_kept_after_ours(root: Path) -> None:
+    report = start(
+        make_root(root, "0.33.0"), env={"PYTHONPATH": "/lemonade/shim:/other", "LD_LIBRARY_PATH": "/caller/lib"}
+    )
+    assert report["env"]["PYTHONPATH"] == "/lemonade/shim:/other", "the installer's shim stays first"
+    assert report["env"]["LD_LIBRARY_PATH"].endswith(":/caller/lib")
+    assert report["env"]["LD_LIBRARY_PATH"].startswith(str(root.resolve()))
+
+
+def test_started_through_a_symlink_elsewhere(root: Path, tmp_path: Path) -> None:
+    launcher = make_root(root, "0.33.0")
+    link_dir = tmp_path / "links dir"
+    link_dir.mkdir()
+    (link_dir / "vllm-server").symlink_to(launcher)
+    report = start(link_dir / "vllm-server", "--port", "1")
+    assert report["env"]["CC"].startswith(str(root.resolve()))
+
+
+def test_unsafe_library_dir_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsafe"):
+        render_launcher(
+            python_minor="3.12",
+            library_dirs=['x"; rm -rf /; "'],
+            clang=CLANG,
+            attention=RECIPES.vllm.attention_rule(),
+            vllm_version="0.33.0",
+            target="gfx1151",
+        )
