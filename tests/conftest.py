@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,15 +16,28 @@ from pathlib import Path
 import pytest
 from platformdirs import user_cache_dir
 
-from tests.upstream.fixture import Fixture, build_fixture
+from tests.upstream.fixture import PYTHON_RELEASE, PYTHON_VERSION, Fixture, build_fixture
 from tests.upstream.server import UpstreamServer
 
 REPO = Path(__file__).resolve().parent.parent
+# Outlives a test run: real vLLM source releases from PyPI, the build venv, the fixture's CPython.
+TEST_CACHE = Path(os.environ.get("VLLM_BUNDLE_TEST_CACHE") or user_cache_dir("vllm-bundle-tests", appauthor=False))
 
 
 @pytest.fixture(scope="session")
 def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return build_fixture(tmp_path_factory.mktemp("upstream"))
+    return build_fixture(tmp_path_factory.mktemp("upstream"), cache=TEST_CACHE / "fixture")
+
+
+def copy_recipes(dest: Path) -> Path:
+    """The repository's recipes (without locks), with the CPython the fake upstream serves."""
+    shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("locks"))
+    components = dest / "components.toml"
+    text = components.read_text()
+    text = re.sub(r'(?m)^version = "3\.[0-9.]+"', f'version = "{PYTHON_VERSION}"', text, count=1)
+    text = re.sub(r'(?m)^release = "[0-9]+"', f'release = "{PYTHON_RELEASE}"', text, count=1)
+    components.write_text(text)
+    return dest
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +58,7 @@ def upstream(_server: UpstreamServer) -> Iterator[UpstreamServer]:
 @pytest.fixture
 def recipes_dir(tmp_path: Path) -> Path:
     """A private copy of the repository's recipes (tests may edit it), without its locks."""
-    dest = tmp_path / "recipes"
-    shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("locks"))
-    return dest
+    return copy_recipes(tmp_path / "recipes")
 
 
 def run_cli(
@@ -86,8 +98,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 @pytest.fixture(scope="session")
 def locked(_server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the recipes with a gfx1151 (stable) lock made against the fake upstream."""
-    recipes = tmp_path_factory.mktemp("locked") / "recipes"
-    shutil.copytree(REPO / "recipes", recipes, ignore=shutil.ignore_patterns("locks"))
+    recipes = copy_recipes(tmp_path_factory.mktemp("locked") / "recipes")
     result = lock_against(_server, recipes, "gfx1151", recipes.parent / "lock-cache")
     assert result.returncode == 0, result.stderr
     return recipes
@@ -130,7 +141,6 @@ def small_disk(mount_point: Path, size: str) -> Iterator[Path]:
 
 # -- real vLLM source releases (PyPI), cached across test runs --------------------------------------
 
-TEST_CACHE = Path(os.environ.get("VLLM_BUNDLE_TEST_CACHE") or user_cache_dir("vllm-bundle-tests", appauthor=False))
 OLD_VLLM = "0.11.0"  # its CMakeLists.txt lacks gfx1150/gfx1151
 
 

@@ -276,7 +276,7 @@ def test_two_concurrent_fetches_share_one_cache(
     upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path, locked: Path
 ) -> None:
     # Slow the biggest file down so that both processes are in flight together.
-    upstream.inject("*", Fault("throttle", times=None, rate=20_000))
+    upstream.inject("*", Fault("throttle", times=None, rate=8_000_000))
     command = [
         "fetch",
         "gfx1151",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import assert_one_line_error, lock_against, run_cli
-from tests.upstream.fixture import ROCM_VERSION, TORCH_VERSION, TRITON_VERSION, Fixture
+from tests.upstream.fixture import CP, PYTHON_VERSION, ROCM_VERSION, TORCH_VERSION, TRITON_VERSION, Fixture
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
@@ -51,7 +51,7 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
     assert not any(n.endswith(("gfx1100", "gfx950")) for n in names), "only the target's ISAs"
     assert {"fastapi", "pydantic", "regex", "sentencepiece"} <= names, "vLLM's requirement closure"
     assert lock["versions"] == {
-        "python": "3.12.12",
+        "python": PYTHON_VERSION,
         "rocm": ROCM_VERSION,
         "torch": TORCH_VERSION,
         "triton": TRITON_VERSION,
@@ -66,7 +66,7 @@ def test_lock_keeps_the_one_wheel_the_bundle_installs(locked: Path) -> None:
     _, pylock = lock_docs(locked)
     regex = next(p for p in pylock["packages"] if p["name"] == "regex")
     assert [w["url"].rsplit("/", 1)[-1] for w in regex["wheels"]] == [
-        "regex-2025.11.3-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
+        f"regex-2025.11.3-{CP}-{CP}-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"
     ]
 
 
@@ -141,9 +141,9 @@ def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: Up
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
     components = recipes / "components.toml"
-    components.write_text(components.read_text().replace('version = "3.12.12"', 'version = "3.12.99"'))
+    components.write_text(components.read_text().replace(f'version = "{PYTHON_VERSION}"', 'version = "3.99.1"'))
     result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
-    assert_one_line_error(result, "does not list cpython-3.12.99", "components.toml")
+    assert_one_line_error(result, "does not list cpython-3.99.1", "components.toml")
 
 
 def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
     assert [a["role"] for a in lock["artifacts"]] == ["python"], "no source release to build"
     assert lock["versions"]["vllm"] == f"0.33.0+rocm{ROCM_VERSION}"
     vllm = next(p for p in pylock["packages"] if p["name"] == "vllm")
-    assert vllm["wheels"][0]["url"].endswith(f"vllm-0.33.0+rocm{ROCM_VERSION}-cp312-cp312-linux_x86_64.whl")
+    assert vllm["wheels"][0]["url"].endswith(f"vllm-0.33.0+rocm{ROCM_VERSION}-{CP}-{CP}-linux_x86_64.whl")
     assert {"fastapi", "regex", "torch"} <= {p["name"] for p in pylock["packages"]}, "the wheel's own closure"
 
     common = [
@@ -191,5 +191,5 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
     assert built.returncode == 0, built.stderr
     assert "VLLM_TARGET_DEVICE=prebuilt" in built.stdout
     stage = tmp_path / "build" / "gfx1151" / "vllm-wheel"
-    assert [p.name for p in stage.iterdir()] == [f"vllm-0.33.0+rocm{ROCM_VERSION}-cp312-cp312-linux_x86_64.whl"]
+    assert [p.name for p in stage.iterdir()] == [f"vllm-0.33.0+rocm{ROCM_VERSION}-{CP}-{CP}-linux_x86_64.whl"]
     assert_one_line_error(run_cli("patch", "gfx1151", *common), "repackage mode", "nothing to patch")

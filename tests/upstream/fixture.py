@@ -17,26 +17,47 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import platform
 import shutil
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .packaging_fixtures import compile_shared, make_tarball, make_wheel
+from vllm_bundle.elf import set_runpath
 
-PYTHON_VERSION = "3.12.12"
+from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
+
+FIXTURE_PYTHON_REVISION = 1  # bump when _python_tree changes (the tarball is cached between runs)
+
+# The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
+# layout (tests must be able to run it); its version names the asset.
+PYTHON_VERSION = platform.python_version()
+PYTHON_MINOR = "{}.{}".format(*sys.version_info[:2])
 PYTHON_RELEASE = "20251120"
 ROCM_VERSION = "7.14.0"
 TORCH_VERSION = f"2.12.0+rocm{ROCM_VERSION}"
 TRITON_VERSION = f"3.7.1+git0263a6a6.rocm{ROCM_VERSION}"
 VLLM_VERSION = "0.33.0"
 ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
-CP = "cp312"
+CP = "cp{}{}".format(*sys.version_info[:2])
+OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pick
 LINUX = "linux_x86_64"
 THEROCK_PROJECTS = {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "torch", "triton"}
 
 AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
+# torch._C: a real CPython extension whose call crosses torch/lib into the ROCm SDK's libraries.
+TORCH_EXTENSION = r"""
+#include <Python.h>
+int torch_hip(void);
+static PyObject *hip_check(PyObject *self, PyObject *args) { return PyLong_FromLong(torch_hip()); }
+static PyMethodDef methods[] = {{"_hip_check", hip_check, METH_NOARGS, "c10() + hip()"}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torch._C", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
+"""
 C_LIB = "int {name}(void) {{ return {value}; }}\n"
 
 
@@ -79,41 +100,80 @@ def _elf_chain(work: Path) -> dict[str, Path]:
         "libtorch_hip.so",
         "int c10(void); int hip(void);\nint torch_hip(void) { return c10() + hip(); }\n",
         needed=(libs["c10"], libs["hip"]),
-        rpath="$ORIGIN:$ORIGIN/../../_rocm_sdk_core/lib",
+        rpath="$ORIGIN",  # libamdhip64 is found only through the launcher's library path
     )
     libs["triton"] = compile_shared(work / "libtriton.so", "libtriton.so", C_LIB.format(name="triton", value=35))
     libs["clang"] = compile_shared(work / "clang-20", "", "int main(void) { return 0; }\n", executable=True)
-    libs["python"] = compile_shared(
-        work / "libpython3.12.so.1.0", "libpython3.12.so.1.0", C_LIB.format(name="Py_Main", value=0)
-    )
-    libs["python_exe"] = compile_shared(
-        work / "python3.12",
+    libs["torch_C"] = compile_shared(
+        work / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}",
         "",
-        "int Py_Main(void);\nint main(void) { return Py_Main(); }\n",
-        needed=(libs["python"],),
-        rpath="$ORIGIN/../lib",
-        executable=True,
+        TORCH_EXTENSION,
+        needed=(libs["torch_hip"],),
+        rpath="$ORIGIN/lib",
+        python_headers=sysconfig.get_paths()["include"],
     )
     return libs
 
 
-def _python_tarball(fx: Fixture, libs: dict[str, Path]) -> None:
-    minor = "3.12"
-    top = "python"
-    files = {
-        f"{top}/bin/python{minor}": libs["python_exe"],
-        f"{top}/lib/libpython{minor}.so.1.0": libs["python"],
-        f"{top}/include/python{minor}/Python.h": b"/* fixture */\n",
-        f"{top}/lib/python{minor}/os.py": b"# fixture stdlib\n",
-        f"{top}/lib/python{minor}/_sysconfigdata__linux_x86_64-linux-gnu.py": (
-            b"build_time_vars = {'prefix': '/install', 'CC': 'clang -pthread', 'LIBDIR': '/install/lib'}\n"
-        ),
-        f"{top}/lib/python{minor}/config-{minor}-x86_64-linux-gnu/Makefile": b"prefix=\t/install\nCC=\tclang\n",
-        f"{top}/lib/pkgconfig/python-{minor}.pc": b"prefix=/install\nlibdir=${prefix}/lib\n",
-    }
-    symlinks = {f"{top}/bin/python3": f"python{minor}", f"{top}/lib/libpython{minor}.so": f"libpython{minor}.so.1.0"}
+_STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__", "lib2to3", "ensurepip"}
+
+
+def _python_tree(dest: Path) -> None:
+    """This machine's CPython in python-build-standalone's shape: ``python/{bin,lib,include}``, the
+    interpreter's RUNPATH ``$ORIGIN/../lib``, and build files naming the ``/install`` prefix."""
+    base = Path(sys.base_prefix)
+    lib = base / "lib" / f"python{PYTHON_MINOR}"
+    top = dest / "python"
+    (top / "bin").mkdir(parents=True)
+    shutil.copy2(
+        Path(sys.executable).resolve()
+        if (base / "bin" / f"python{PYTHON_MINOR}").is_symlink()
+        else base / "bin" / f"python{PYTHON_MINOR}",
+        top / "bin" / f"python{PYTHON_MINOR}",
+    )
+    (top / "bin" / "python3").symlink_to(f"python{PYTHON_MINOR}")
+    for so in (base / "lib").glob("libpython*.so*"):
+        if so.is_symlink():
+            (top / "lib" / so.name).parent.mkdir(parents=True, exist_ok=True)
+            (top / "lib" / so.name).symlink_to(so.readlink())
+        else:
+            shutil.copy2(so, top / "lib" / so.name)
+    shutil.copytree(
+        lib,
+        top / "lib" / f"python{PYTHON_MINOR}",
+        symlinks=True,
+        ignore=lambda d, names: [n for n in names if n in _STDLIB_SKIP and Path(d) == lib or n == "__pycache__"],
+    )
+    site = top / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
+    site.mkdir()
+    import pip  # python-build-standalone's install_only builds ship pip
+
+    shutil.copytree(Path(pip.__file__).parent, site / "pip", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(sysconfig.get_paths()["include"]), top / "include" / f"python{PYTHON_MINOR}")
+    if (base / "lib" / "pkgconfig").is_dir():
+        shutil.copytree(base / "lib" / "pkgconfig", top / "lib" / "pkgconfig", symlinks=True)
+    set_runpath(top / "bin" / f"python{PYTHON_MINOR}", ["$ORIGIN/../lib"])
+    for path in [*top.rglob("_sysconfigdata_*.py"), *top.rglob("Makefile"), *top.rglob("*.pc")]:
+        if path.is_file() and not path.is_symlink():
+            path.write_text(path.read_text().replace(str(base), "/install"))
+
+
+def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     fx.python_asset = f"cpython-{PYTHON_VERSION}+{PYTHON_RELEASE}-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz"
-    tarball = make_tarball(fx.releases / fx.python_asset, files, symlinks=symlinks)
+    tarball = fx.releases / fx.python_asset
+    cached = cache / f"{fx.python_asset}.{FIXTURE_PYTHON_REVISION}" if cache else None
+    if cached and cached.exists():
+        fx.releases.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cached, tarball)
+    else:
+        work = fx.root / "_work" / "python"
+        shutil.rmtree(work, ignore_errors=True)
+        _python_tree(work)
+        make_tarball_from_tree(tarball, work)
+        shutil.rmtree(work)
+        if cached:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tarball, cached)
     other = fx.releases / f"cpython-{PYTHON_VERSION}+{PYTHON_RELEASE}-x86_64-unknown-linux-gnu-install_only.tar.gz"
     shutil.copyfile(tarball, other)
     sums = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in sorted([tarball, other])]
@@ -218,7 +278,8 @@ def _therock_wheels(fx: Fixture, libs: dict[str, Path]) -> None:
             TORCH_VERSION,
             f"{CP}-{CP}-{LINUX}",
             {
-                "torch/__init__.py": f"__version__ = '{TORCH_VERSION}'\n".encode(),
+                "torch/__init__.py": f"from torch._C import _hip_check\n__version__ = '{TORCH_VERSION}'\n".encode(),
+                f"torch/{libs['torch_C'].name}": libs["torch_C"],
                 "torch/version.py": f"__version__ = '{TORCH_VERSION}'\nhip = '{v}'\ncuda = None\n".encode(),
                 "torch/lib/libc10.so": libs["c10"],
                 "torch/lib/libtorch_hip.so": libs["torch_hip"],
@@ -277,18 +338,117 @@ def _pypi_wheels(fx: Fixture) -> None:
     for tag in (
         f"{CP}-{CP}-manylinux_2_17_x86_64.manylinux2014_x86_64",
         f"{CP}-{CP}-musllinux_1_2_x86_64",
-        "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64",
+        f"{OTHER_CP}-{OTHER_CP}-manylinux_2_17_x86_64.manylinux2014_x86_64",
         f"{CP}-{CP}-manylinux_2_31_aarch64",
     ):
         wheels.append(make_wheel(out, "regex", "2025.11.3", tag, regex))
     fx.files.update({w.name: w for w in wheels})
 
 
+# What the fixture's vLLM source release is made of: vLLM 0.33.0's own lines where the patch series
+# and the pipeline look (HIP_SUPPORTED_ARCHS, rocm_platform_plugin), a stand-in server module, and an
+# in-tree PEP 517 backend so that a no-isolation wheel build needs nothing but the interpreter.
+VLLM_CMAKE = """# Supported AMD GPU architectures.
+set(HIP_SUPPORTED_ARCHS "gfx906;gfx908;gfx90a;gfx942;gfx950;gfx1250;gfx1030;gfx1100;gfx1101;gfx1102;gfx1103;gfx1150;gfx1151;gfx1152;gfx1153;gfx1200;gfx1201")
+"""
+VLLM_PLATFORMS = """import logging
+
+logger = logging.getLogger(__name__)
+
+
+def in_wsl() -> bool:
+    return False
+
+
+def vllm_version_matches_substr(substr: str) -> bool:
+    return False
+
+
+def rocm_platform_plugin() -> str | None:
+    is_rocm = False
+    logger.debug("Checking if ROCm platform is available.")
+    try:
+        import amdsmi
+
+        amdsmi.amdsmi_init()
+        try:
+            if len(amdsmi.amdsmi_get_processor_handles()) > 0:
+                is_rocm = True
+                logger.debug("Confirmed ROCm platform is available.")
+            else:
+                logger.debug("ROCm platform is not available because no GPU is found.")
+        finally:
+            amdsmi.amdsmi_shut_down()
+    except Exception as e:
+        logger.debug("ROCm platform is not available because: %s", str(e))
+
+    if not is_rocm and in_wsl():
+        try:
+            import torch
+
+            if (
+                not vllm_version_matches_substr("cpu")
+                and getattr(torch.version, "hip", None)
+                and torch.accelerator.is_available()
+            ):
+                is_rocm = True
+                logger.debug("Confirmed ROCm platform is available in WSL via PyTorch.")
+        except Exception as e:
+            logger.debug("WSL ROCm fallback detection failed because: %s", str(e))
+
+    return "vllm.platforms.rocm.RocmPlatform" if is_rocm else None
+"""
+# Stands in for vllm.entrypoints.openai.api_server: proves the interpreter, torch's native extension
+# (through the launcher's library path) and the arguments, then exits.
+VLLM_SERVER = """import json, os, sys
+import torch
+print(json.dumps({"argv": sys.argv[1:], "executable": sys.executable, "hip_check": torch._hip_check(),
+                  "torch": torch.__file__, "sys_path": sys.path,
+                  "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH",
+                          "FLASH_ATTENTION_TRITON_AMD_ENABLE", "CC", "VLLM_ATTENTION_BACKEND")}}))
+"""
+VLLM_BACKEND = """import base64, hashlib, os, pathlib, zipfile
+
+def _version():
+    device = os.environ.get("VLLM_TARGET_DEVICE", "cuda")
+    return "0.33.0" + {"empty": "+empty", "rocm": "+rocm"}.get(device, "")
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    version = _version()
+    name = f"vllm-{version}-py3-none-any.whl"
+    info = f"vllm-{version}.dist-info"
+    files = {str(p): p.read_bytes() for p in sorted(pathlib.Path("vllm").rglob("*.py"))}
+    reqs = [ln.strip() for ln in open("requirements/common.txt") if ln.strip() and not ln.startswith(("#", "-"))]
+    files[f"{info}/METADATA"] = ("Metadata-Version: 2.1\\nName: vllm\\nVersion: " + version + "\\n"
+                                 + "".join(f"Requires-Dist: {r.split('#')[0].strip()}\\n" for r in reqs)).encode()
+    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
+    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
+              for k, v in files.items()] + [f"{info}/RECORD,,"]
+    files[f"{info}/RECORD"] = ("\\n".join(record) + "\\n").encode()
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as archive:
+        for member, data in files.items():
+            archive.writestr(zipfile.ZipInfo(member, (2025, 11, 20, 0, 0, 0)), data)
+    return name
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+"""
+
+
 def _fixture_vllm_sdist(fx: Fixture) -> None:
     top = f"vllm-{VLLM_VERSION}"
     files = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n".encode(),
-        f"{top}/pyproject.toml": b"[build-system]\nrequires = ['setuptools']\n",
+        f"{top}/pyproject.toml": (
+            b"[build-system]\nrequires = []\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
+        ),
+        f"{top}/_build/fixture_backend.py": VLLM_BACKEND.encode(),
+        f"{top}/CMakeLists.txt": VLLM_CMAKE.encode(),
+        f"{top}/vllm/__init__.py": f"__version__ = '{VLLM_VERSION}'\n".encode(),
+        f"{top}/vllm/platforms/__init__.py": VLLM_PLATFORMS.encode(),
+        f"{top}/vllm/entrypoints/__init__.py": b"",
+        f"{top}/vllm/entrypoints/openai/__init__.py": b"",
+        f"{top}/vllm/entrypoints/openai/api_server.py": VLLM_SERVER.encode(),
         f"{top}/requirements/common.txt": b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\n",
         f"{top}/requirements/rocm.txt": (
             b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
@@ -333,18 +493,14 @@ def write_index(fx: Fixture) -> None:
     (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
 
 
-def build_fixture(root: Path, vllm_sdist: Path | None = None) -> Fixture:
-    """Make every artifact under ``root`` (a real vLLM source release replaces the fixture one if given)."""
+def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
+    """Make every artifact under ``root``; ``cache`` keeps the slow-to-make CPython tarball between runs."""
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
-    _python_tarball(fx, libs)
+    _python_tarball(fx, cache)
     _therock_wheels(fx, libs)
     _pypi_wheels(fx)
-    if vllm_sdist is None:
-        _fixture_vllm_sdist(fx)
-    else:
-        shutil.copyfile(vllm_sdist, root / "files" / vllm_sdist.name)
-        fx.files[vllm_sdist.name] = root / "files" / vllm_sdist.name
+    _fixture_vllm_sdist(fx)
     write_index(fx)
     _flat_mirror(fx)
     return fx

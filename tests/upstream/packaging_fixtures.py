@@ -114,13 +114,15 @@ def compile_shared(
     needed: tuple[Path, ...] = (),
     rpath: str | None = None,
     executable: bool = False,
+    python_headers: str | None = None,
 ) -> Path:
     """Compile a real ELF shared library (or executable) with DT_NEEDED entries on ``needed``."""
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.with_suffix(out.suffix + ".c")
     src.write_text(source)
     command = ["gcc", "-O1", "-o", str(out), str(src)]
-    command += [] if executable else ["-shared", "-fPIC", f"-Wl,-soname,{soname}"]
+    command += [] if executable else ["-shared", "-fPIC"] + ([f"-Wl,-soname,{soname}"] if soname else [])
+    command += [f"-I{python_headers}"] if python_headers else []
     for lib in needed:
         command += [f"-L{lib.parent}", f"-l:{lib.name}"]
     if rpath:
@@ -129,3 +131,18 @@ def compile_shared(
     subprocess.run(command, check=True, capture_output=True)
     src.unlink()
     return out
+
+
+def make_tarball_from_tree(path: Path, tree: Path) -> Path:
+    """A gzip tarball of everything under ``tree`` (names relative to it), sorted, fixed mtimes, root
+    ownership; file modes and symlinks kept."""
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_EPOCH, 0, 0, "root", "root"
+        return info
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as archive:
+        for member in sorted(tree.rglob("*")):
+            archive.add(member, arcname=str(member.relative_to(tree)), recursive=False, filter=normalise)
+    return path
