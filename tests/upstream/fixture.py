@@ -19,7 +19,6 @@ import html
 import json
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -142,7 +141,7 @@ def _python_tree(dest: Path) -> None:
         lib,
         top / "lib" / f"python{PYTHON_MINOR}",
         symlinks=True,
-        ignore=lambda d, names: [n for n in names if n in _STDLIB_SKIP and Path(d) == lib or n == "__pycache__"],
+        ignore=lambda d, names: [n for n in names if (n in _STDLIB_SKIP and Path(d) == lib) or n == "__pycache__"],
     )
     site = top / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
     site.mkdir()
