@@ -66,3 +66,9 @@ def bench(session: nox.Session) -> None:
 def patch(session: nox.Session) -> None:
     """Extract vLLM's source release into build/ and apply patches/vllm: `nox -s patch -- gfx1151 [--vllm X]`."""
     _cli(session, "patch")
+
+
+@nox.session
+def bundle(session: nox.Session) -> None:
+    """Build the relocatable bundle of a target: `nox -s bundle -- gfx1151 [--channel C] [--mirror M]`."""
+    _cli(session, "bundle")

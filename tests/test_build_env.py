@@ -51,15 +51,20 @@ def test_sdk_root_comes_from_rocm_sdk_path(tmp_path: Path) -> None:
     package = tmp_path / "site" / "rocm_sdk"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
+    sdk = tmp_path / "sdk root"
+    (sdk / "lib" / "llvm" / "bin").mkdir(parents=True)
+    (sdk / "lib" / "llvm" / "bin" / "amdclang").touch()
     (package / "__main__.py").write_text(
-        "import sys\nassert sys.argv[1:] == ['path', '--root'], sys.argv\nprint('/sdk/root')\n"
+        f"import sys\nassert sys.argv[1:] == ['path', '--root'], sys.argv\nprint({str(sdk)!r})\n"
     )
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{package.parent}" exec "{sys.executable}" "$@"\n')
     python.chmod(0o755)
-    assert rocm_sdk_root(python) == Path("/sdk/root")
+    assert rocm_sdk_root(python) == sdk
     env = build_environment(RECIPES.target("gfx1151"), python, jobs=2)
-    assert env["VLLM_TARGET_DEVICE"] == "rocm" and env["ROCM_PATH"] == "/sdk/root"
+    assert env["VLLM_TARGET_DEVICE"] == "rocm" and env["ROCM_PATH"] == str(sdk)
+    (sdk / "lib" / "llvm" / "bin" / "amdclang").unlink()
+    assert rocm_sdk_root(python) is None, "an SDK without its compiler cannot build HIP kernels"
 
 
 def test_without_the_sdk_the_build_is_python_only() -> None:

@@ -88,6 +88,7 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
     report = start(make_root(root, "0.33.0"), *SERVER_ARGS)
     module_args = report["argv"]
     assert module_args == [
+        "-P",
         "-m",
         "vllm.entrypoints.openai.api_server",
         *SERVER_ARGS,
@@ -107,14 +108,14 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
 @pytest.mark.parametrize("choice", [["--attention-backend", "ROCM_ATTN"], ["--attention-backend=ROCM_ATTN"]])
 def test_caller_choice_of_backend_wins(root: Path, choice: list[str]) -> None:
     report = start(make_root(root, "0.33.0"), "--model", "m", *choice)
-    assert report["argv"][2:] == ["--model", "m", *choice]
+    assert report["argv"][3:] == ["--model", "m", *choice]
 
 
 @pytest.mark.parametrize(("version", "backend"), [("0.11.0", "TRITON_ATTN"), ("0.10.2", "TRITON_ATTN_VLLM_V1")])
 def test_old_versions_get_the_environment_variable(root: Path, version: str, backend: str) -> None:
     launcher = make_root(root, version)
     report = start(launcher, "--model", "m")
-    assert report["argv"][2:] == ["--model", "m"], "no flag that this vLLM would reject"
+    assert report["argv"][3:] == ["--model", "m"], "no flag that this vLLM would reject"
     assert report["env"]["VLLM_ATTENTION_BACKEND"] == backend
     chosen = start(launcher, "--model", "m", env={"VLLM_ATTENTION_BACKEND": "ROCM_FLASH"})
     assert chosen["env"]["VLLM_ATTENTION_BACKEND"] == "ROCM_FLASH"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from vllm_bundle import __version__
+from vllm_bundle.bundle import STAGES, build_bundle, summary_lines
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
 from vllm_bundle.errors import BundleError, LockError, RecipeError
 from vllm_bundle.fetch import Artifact, Fetcher
@@ -205,6 +206,34 @@ def cmd_vllm_wheel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    recipes.target(args.target)
+
+    def announce(result: StageResult) -> None:
+        state = "cached" if result.cached else f"built in {result.seconds:.1f} s"
+        print(f"stage  {result.name:<11} {state}", flush=True)
+        if result.name == "app" and not result.cached:
+            for group, (before, after) in sorted(result.details.get("sizes", {}).items(), key=lambda i: -i[1][0])[:12]:
+                print(f"         {group:<44} {human_size(before):>10} -> {human_size(after):>10}")
+
+    with _fetcher(args, None) as fetcher:
+        run = build_bundle(
+            recipes,
+            args.target,
+            args.channel,
+            _locks_dir(args),
+            fetcher,
+            args.build_dir,
+            args.patches,
+            force=args.force_stage,
+            announce=announce,
+        )
+    for line in summary_lines(run):
+        print(line)
+    return 0
+
+
 def _build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target")
     parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
@@ -274,6 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(wheel)
     wheel.set_defaults(func=cmd_vllm_wheel)
+
+    bundle = verbs.add_parser("bundle", help="build the relocatable bundle tree of a target (build/<target>/root)")
+    bundle.add_argument("target")
+    bundle.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
+    bundle.add_argument("--patches", type=Path, default=Path("patches/vllm"), help="the patch series directory")
+    bundle.add_argument(
+        "--force",
+        dest="force_stage",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help=f"redo this stage even if its inputs are unchanged ({', '.join(STAGES)})",
+    )
+    bundle.add_argument("--offline", action="store_true", help="use the download cache only")
+    bundle.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
+    _common(bundle)
+    bundle.set_defaults(func=cmd_bundle)
     return parser
 
 

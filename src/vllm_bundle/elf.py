@@ -34,6 +34,11 @@ def is_elf(path: Path) -> bool:
         return False
 
 
+def _text(tag: object, name: str) -> str:
+    """pyelftools sets a tag's string (``needed``, ``rpath``...) as a dynamic attribute."""
+    return str(getattr(tag, name))
+
+
 def dynamic_info(path: Path) -> DynamicInfo | None:
     """DT_NEEDED, DT_RPATH, DT_RUNPATH and DT_SONAME of an ELF file (None: not dynamic ELF)."""
     try:
@@ -44,14 +49,15 @@ def dynamic_info(path: Path) -> DynamicInfo | None:
                 if not isinstance(section, DynamicSection):
                     continue
                 for tag in section.iter_tags():
-                    if tag.entry.d_tag == "DT_NEEDED":
-                        needed.append(tag.needed)
-                    elif tag.entry.d_tag == "DT_RPATH":
-                        rpath += tag.rpath.split(":")
-                    elif tag.entry.d_tag == "DT_RUNPATH":
-                        runpath += tag.runpath.split(":")
-                    elif tag.entry.d_tag == "DT_SONAME":
-                        soname = tag.soname
+                    kind = tag.entry.d_tag
+                    if kind == "DT_NEEDED":
+                        needed.append(_text(tag, "needed"))
+                    elif kind == "DT_RPATH":
+                        rpath += _text(tag, "rpath").split(":")
+                    elif kind == "DT_RUNPATH":
+                        runpath += _text(tag, "runpath").split(":")
+                    elif kind == "DT_SONAME":
+                        soname = _text(tag, "soname")
             return DynamicInfo(tuple(needed), tuple(rpath), tuple(runpath), soname)
     except (ELFError, OSError, ValueError):
         return None

@@ -41,13 +41,15 @@ def max_jobs() -> int:
 
 
 def rocm_sdk_root(python: Path) -> Path | None:
-    """``rocm-sdk path --root`` of the build interpreter's ROCm SDK, or None when it has none."""
+    """``rocm-sdk path --root`` of the build interpreter's ROCm SDK, or None when it has none (or an
+    SDK without its compiler, which cannot build HIP kernels)."""
     result = subprocess.run(
         [str(python), "-m", "rocm_sdk", "path", "--root"], capture_output=True, text=True, check=False
     )
     if result.returncode != 0 or not result.stdout.strip():
         return None
-    return Path(result.stdout.strip().splitlines()[-1])
+    root = Path(result.stdout.strip().splitlines()[-1])
+    return root if (root / "lib" / "llvm" / "bin" / "amdclang").exists() else None
 
 
 def rocm_build_env(target: Target, sdk_root: Path, jobs: int) -> dict[str, str]:
@@ -146,11 +148,18 @@ def prebuilt_wheel_stage(wheel: Path, sha256: str, out: Path, force: bool = Fals
 
 
 def wheel_stage(
-    target: Target, source: StageResult, python: Path, out: Path, log: Path, force: bool = False
+    target: Target,
+    source: StageResult,
+    python: Path,
+    out: Path,
+    log: Path,
+    force: bool = False,
+    python_key: str | None = None,
 ) -> StageResult:
-    """Stage ``vllm-wheel``: depends on the patched source's key, the build environment and python."""
+    """Stage ``vllm-wheel``: depends on the patched source, the build environment and the interpreter
+    (``python_key``: the key of the stage that made it, when it is one of ours)."""
     env = build_environment(target, python)
-    inputs: dict[str, Any] = {"source": source.key, "env": env, "python": str(python)}
+    inputs: dict[str, Any] = {"source": source.key, "env": env, "python": python_key or str(python)}
 
     def build(tmp: Path) -> Mapping[str, Any]:
         wheel = build_wheel(source.path, python, env, tmp, log)

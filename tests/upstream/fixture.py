@@ -396,6 +396,10 @@ def rocm_platform_plugin() -> str | None:
             logger.debug("WSL ROCm fallback detection failed because: %s", str(e))
 
     return "vllm.platforms.rocm.RocmPlatform" if is_rocm else None
+
+
+def xpu_platform_plugin() -> str | None:
+    return None
 """
 # Stands in for vllm.entrypoints.openai.api_server: proves the interpreter, torch's native extension
 # (through the launcher's library path) and the arguments, then exits.

@@ -46,4 +46,5 @@ else
     export @ATTENTION_ENV@
 fi
 
-exec "$root/bin/python@PYTHON_MINOR@" -m @SERVER_MODULE@ "$@"
+# -P: the current directory is not put on sys.path (a stray vllm/ there must not shadow the bundle's).
+exec "$root/bin/python@PYTHON_MINOR@" -P -m @SERVER_MODULE@ "$@"

@@ -1,0 +1,182 @@
+"""The assembly stages: ``site`` (CPython + the locked wheels), ``app`` (+ vLLM, relocated, pruned)
+and ``root`` (+ the launcher). Each starts from a hard-linked copy of the one before, so an unchanged
+earlier stage costs no copying; a file that is edited is first given its own copy (relocate.unshare).
+
+Wheels are installed with pypa/installer: exactly the locked files (hashes were checked when they
+entered the cache, and each wheel's RECORD is validated here), no index, no dependency resolution.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.exceptions import InstallerError
+from installer.sources import WheelFile
+
+from vllm_bundle.errors import BundleError
+from vllm_bundle.launcher import render_launcher
+from vllm_bundle.prune import PruneRules, prune
+from vllm_bundle.recipes import AttentionRule
+from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
+from vllm_bundle.stage import StageResult, run_stage
+
+STAGE_VERSION = 1
+AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
+LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
+CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
+
+
+class AssembleError(BundleError):
+    """A wheel could not be installed, or the tree is not what the launcher needs."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things live inside a bundle tree."""
+
+    root: Path
+    minor: str
+
+    @property
+    def site(self) -> Path:
+        return self.root / "lib" / f"python{self.minor}" / "site-packages"
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / f"python{self.minor}"
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """Copy a tree as hard links (symlinks kept as symlinks); dest must not exist."""
+    shutil.copytree(src, dest, symlinks=True, copy_function=os.link, dirs_exist_ok=True)
+
+
+def install_wheels(layout: Layout, wheels: Sequence[Path]) -> None:
+    destination = SchemeDictionaryDestination(
+        {
+            "purelib": str(layout.site),
+            "platlib": str(layout.site),
+            "headers": str(layout.root / "include" / "site" / f"python{layout.minor}"),
+            "scripts": str(layout.root / "bin"),
+            "data": str(layout.root),
+        },
+        # No spaces (installer would write its own trampoline): fix_shebangs replaces this line.
+        interpreter=f"/bin/python{layout.minor}",
+        script_kind="posix",
+    )
+    for wheel in wheels:
+        try:
+            with WheelFile.open(wheel) as source:
+                source.validate_record()
+                install(source, destination, additional_metadata={"INSTALLER": b"vllm-bundle\n"})
+        except (InstallerError, ValueError, OSError) as err:
+            raise AssembleError(f"cannot install {wheel.name}: {err}", "re-fetch it, or re-lock") from None
+
+
+def expose_amd_smi(layout: Layout) -> bool:
+    """Make the ROCm SDK's ``share/amd_smi`` package importable as ``amdsmi`` (vLLM's ROCm detection)."""
+    if not (layout.site / "_rocm_sdk_core" / "share" / "amd_smi").is_dir():
+        return False
+    (layout.site / AMD_SMI_PTH).write_text("_rocm_sdk_core/share/amd_smi\n")
+    return True
+
+
+def site_stage(python: StageResult, wheels: Sequence[Path], minor: str, out: Path, force: bool = False) -> StageResult:
+    inputs = {"python": python.key, "wheels": sorted(w.name for w in wheels)}
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        link_tree(python.path, tmp)
+        layout = Layout(tmp, minor)
+        install_wheels(layout, wheels)
+        return {"wheels": len(wheels), "amd_smi": expose_amd_smi(layout)}
+
+    return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)
+
+
+def app_stage(
+    site: StageResult,
+    vllm_wheel: StageResult,
+    minor: str,
+    rules: PruneRules,
+    build_dir: Path,
+    out: Path,
+    force: bool = False,
+) -> StageResult:
+    wheel = vllm_wheel.path / str(vllm_wheel.details["wheel"])
+    inputs = {"site": site.key, "vllm": vllm_wheel.key, "drop": rules.drop, "keep": rules.keep}
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        link_tree(site.path, tmp)
+        layout = Layout(tmp, minor)
+        install_wheels(layout, [wheel])
+        shebangs = fix_shebangs(tmp, f"python{minor}")
+        rpaths = fix_rpaths(tmp, build_dir)
+        report = prune(tmp, rules)
+        check_no_build_paths(tmp, build_dir)
+        return {"shebangs": len(shebangs), "rpaths": len(rpaths), "sizes": report}
+
+    return run_stage(out, "app", STAGE_VERSION, inputs, build, force=force)
+
+
+def library_dirs(layout: Layout) -> list[str]:
+    found = []
+    for pattern in LIBRARY_DIR_CANDIDATES:
+        found += sorted(str(p.relative_to(layout.site)) for p in layout.site.glob(pattern) if p.is_dir())
+    return found
+
+
+def find_clang(layout: Layout) -> str:
+    for pattern in CLANG_CANDIDATES:
+        matches = sorted(layout.site.glob(pattern))
+        if matches:
+            return str(matches[-1].relative_to(layout.site))
+    raise AssembleError(
+        "the ROCm SDK in the bundle has no clang under _rocm_sdk_core/lib/llvm/bin",
+        "Triton needs it at run time: check the rocm-sdk-core wheel in the lock",
+    )
+
+
+def root_stage(
+    app: StageResult,
+    minor: str,
+    attention: AttentionRule,
+    vllm_version: str,
+    target: str,
+    template_digest: str,
+    build_dir: Path,
+    out: Path,
+    force: bool = False,
+) -> StageResult:
+    inputs = {
+        "app": app.key,
+        "template": template_digest,
+        "attention": attention.__dict__.__repr__(),
+        "vllm": vllm_version,
+        "target": target,
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        link_tree(app.path, tmp)
+        layout = Layout(tmp, minor)
+        text = render_launcher(
+            python_minor=minor,
+            library_dirs=library_dirs(layout),
+            clang=find_clang(layout),
+            attention=attention,
+            vllm_version=vllm_version,
+            target=target,
+        )
+        launcher = tmp / "bin" / "vllm-server"
+        launcher.write_text(text)
+        launcher.chmod(0o755)
+        check_no_build_paths(tmp / "bin", build_dir)
+        return {"launcher": "bin/vllm-server"}
+
+    return run_stage(out, "root", STAGE_VERSION, inputs, build, force=force)

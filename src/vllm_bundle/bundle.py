@@ -1,0 +1,170 @@
+"""``bundle``: the whole pipeline for one target, stage by stage (DESIGN.md's flow).
+
+    lock (checked) -> fetch -> python -> site -> vllm-src -> vllm-wheel -> app -> root
+
+Each stage is cached under build/<target>/ by the hash of its declared inputs; an unchanged stage
+is skipped and a changed input redoes only the stages that depend on it. ``--force STAGE`` redoes one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_bundle.assemble import Layout, app_stage, root_stage, site_stage
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.launcher import template_text
+from vllm_bundle.locker import check_lock
+from vllm_bundle.lockfile import Lock, read_lock, wheel_artifacts
+from vllm_bundle.progress import human_size
+from vllm_bundle.prune import load_prune_rules
+from vllm_bundle.python_stage import python_stage
+from vllm_bundle.recipes import Recipes
+from vllm_bundle.stage import StageResult, stage_key
+from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
+from vllm_bundle.vllm_source import prepare_source
+
+STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root")
+
+
+@dataclass
+class BundleRun:
+    target: str
+    channel: str
+    build_dir: Path  # build/<target>
+    results: list[StageResult] = field(default_factory=list)
+    fetch_seconds: float = 0.0
+    downloaded: int = 0
+
+    @property
+    def root(self) -> Path:
+        return self.build_dir / "root"
+
+
+def tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where: Path) -> list[Path]:
+    """Cache blobs under their wheel file names (installers parse them), as hard links."""
+    where.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for artifact in artifacts:
+        named = where / artifact.filename
+        if not named.exists():
+            try:
+                named.hardlink_to(fetched[artifact.sha256])
+            except OSError:  # another file system
+                shutil.copyfile(fetched[artifact.sha256], named)
+        paths.append(named)
+    return paths
+
+
+def build_bundle(
+    recipes: Recipes,
+    target_name: str,
+    channel_name: str,
+    locks_dir: Path,
+    fetcher: Fetcher,
+    build_root: Path,
+    patches_dir: Path,
+    force: Sequence[str] = (),
+    announce: Callable[[StageResult], None] = lambda result: None,
+) -> BundleRun:
+    unknown = set(force) - set(STAGES)
+    if unknown:
+        raise RecipeError(f"unknown stage {sorted(unknown)[0]!r} for --force", f"stages: {', '.join(STAGES)}")
+    target, channel = recipes.target(target_name), recipes.channel(channel_name)
+    check_lock(recipes, target, channel, locks_dir)
+    lock, pylock = read_lock(locks_dir, channel.name, target.name)
+    minor = recipes.python.minor
+    wheels = wheel_artifacts(pylock, minor, recipes.python.platform)
+    run = BundleRun(target.name, channel.name, build_root / target.name)
+    base = run.build_dir
+
+    began = time.monotonic()
+    missing = fetcher.missing([*lock.artifacts, *wheels])
+    fetched = fetcher.fetch_all([*lock.artifacts, *wheels])
+    run.fetch_seconds, run.downloaded = time.monotonic() - began, len(missing)
+
+    def step(result: StageResult) -> StageResult:
+        run.results.append(result)
+        announce(result)
+        return result
+
+    python = lock.artifact("python")
+    py = step(python_stage(fetched[python.sha256], python.sha256, minor, base / "python", "python" in force))
+    others = [w for w in wheels if w.name != "vllm"]
+    site = step(site_stage(py, _named_wheels(others, fetched, base / ".wheels"), minor, base / "site", "site" in force))
+    vllm = step(_vllm_wheel(recipes, target_name, lock, wheels, fetched, site, patches_dir, base, force, step))
+    rules = load_prune_rules(recipes.root)
+    app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
+    template = stage_key("launcher-template", 1, {"text": template_text()})
+    step(
+        root_stage(
+            app,
+            minor,
+            recipes.vllm.attention_rule(lock.versions["vllm"]),
+            lock.versions["vllm"],
+            target.name,
+            template,
+            base,
+            base / "root",
+            "root" in force,
+        )
+    )
+    return run
+
+
+def _vllm_wheel(
+    recipes: Recipes,
+    target_name: str,
+    lock: Lock,
+    wheels: Sequence[Artifact],
+    fetched: dict[str, Path],
+    site: StageResult,
+    patches_dir: Path,
+    base: Path,
+    force: Sequence[str],
+    step: Callable[[StageResult], StageResult],
+) -> StageResult:
+    """Build vLLM from the patched source with the bundle's own interpreter, or take the prebuilt wheel."""
+    if "vllm-sdist" not in lock.roles:
+        (artifact,) = [w for w in wheels if w.name == "vllm"]
+        (named,) = _named_wheels([artifact], fetched, base / ".wheels")
+        return prebuilt_wheel_stage(named, artifact.sha256, base / "vllm-wheel", "vllm-wheel" in force)
+    sdist = lock.artifact("vllm-sdist")
+    source = step(
+        prepare_source(
+            fetched[sdist.sha256],
+            sdist.sha256,
+            lock.versions["vllm"],
+            patches_dir,
+            base / "vllm-src",
+            "vllm-src" in force,
+        )
+    )
+    python = Layout(site.path, recipes.python.minor).python
+    return wheel_stage(
+        recipes.target(target_name),
+        source,
+        python,
+        base / "vllm-wheel",
+        base / "logs" / "vllm-wheel.log",
+        "vllm-wheel" in force,
+        python_key=site.key,
+    )
+
+
+def summary_lines(run: BundleRun) -> list[str]:
+    lines = [f"fetch       {run.fetch_seconds:6.1f} s  {run.downloaded} downloaded"]
+    for result in run.results:
+        state = "cached" if result.cached else "built"
+        lines.append(f"{result.name:<11} {result.seconds:6.1f} s  {state}")
+    total = sum(r.seconds for r in run.results) + run.fetch_seconds
+    lines.append(f"bundle      {total:6.1f} s  {run.root} ({human_size(tree_size(run.root))})")
+    return lines

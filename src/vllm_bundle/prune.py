@@ -1,0 +1,90 @@
+"""Pruning: a drop-list and a keep-list (recipes/prune.toml), keep winning, with a size report.
+
+Patterns are matched with fnmatch against paths relative to the bundle root, so ``*`` also matches
+across ``/`` (``*/__pycache__`` matches at any depth). A file is dropped when it, or a directory
+above it, matches a drop pattern, unless the file (or a directory above it) matches a keep pattern:
+hidden device code (``.kpack``) and the versioned ``clang-NN`` that Triton execs are never lost to
+a broad drop rule.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tomllib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from vllm_bundle.errors import RecipeError
+
+PRUNE_FILE = "prune.toml"
+
+
+@dataclass(frozen=True)
+class PruneRules:
+    drop: tuple[str, ...]
+    keep: tuple[str, ...]
+
+
+def load_prune_rules(recipes_dir: Path) -> PruneRules:
+    path = recipes_dir / PRUNE_FILE
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
+    except tomllib.TOMLDecodeError as err:
+        raise RecipeError(f"bad recipe {PRUNE_FILE}: not valid TOML: {err}") from None
+    rules = {}
+    for key in ("drop", "keep"):
+        value = doc.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise RecipeError(f"bad recipe {PRUNE_FILE}: {key}: expected a list of path patterns, got {value!r}")
+        rules[key] = tuple(value)
+    return PruneRules(rules["drop"], rules["keep"])
+
+
+def _matches(path: PurePosixPath, patterns: tuple[str, ...]) -> bool:
+    candidates = [str(path), *(str(parent) for parent in path.parents if str(parent) != ".")]
+    return any(fnmatch.fnmatchcase(c, p) for c in candidates for p in patterns)
+
+
+def group_of(rel: PurePosixPath) -> str:
+    """The size-report group: a package in site-packages, else the top two path components."""
+    parts = rel.parts
+    if "site-packages" in parts:
+        index = parts.index("site-packages")
+        return "site-packages/" + (parts[index + 1] if len(parts) > index + 1 else "")
+    return "/".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def sizes(root: Path) -> dict[str, int]:
+    totals: dict[str, int] = defaultdict(int)
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(dirpath, name)
+            if not path.is_symlink():
+                totals[group_of(PurePosixPath(path.relative_to(root)))] += path.stat().st_size
+    return dict(totals)
+
+
+def prune(root: Path, rules: PruneRules) -> dict[str, tuple[int, int]]:
+    """Delete what the rules drop; returns ``group -> (bytes before, bytes after)``."""
+    before = sizes(root)
+    for dirpath, dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = Path(dirpath, name)
+            rel = PurePosixPath(path.relative_to(root))
+            if _matches(rel, rules.drop) and not _matches(rel, rules.keep):
+                path.unlink()
+        for name in dirs:
+            path = Path(dirpath, name)
+            rel = PurePosixPath(path.relative_to(root))
+            if not _matches(rel, rules.drop) or _matches(rel, rules.keep):
+                continue
+            if path.is_symlink():
+                path.unlink()
+            elif not any(path.iterdir()):
+                path.rmdir()
+    after = sizes(root)
+    return {group: (before.get(group, 0), after.get(group, 0)) for group in sorted(set(before) | set(after))}

@@ -1,0 +1,309 @@
+"""`vllm-bundle bundle` on the fake upstream: a relocatable tree, cached stages, safe extraction,
+and crash safety."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_cli
+from tests.upstream.fixture import PYTHON_MINOR
+from tests.upstream.server import UpstreamServer
+from vllm_bundle.bundle import STAGES
+from vllm_bundle.errors import BundleError
+from vllm_bundle.python_stage import python_stage
+
+
+def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return run_cli(
+        "bundle",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        cache,
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--build-dir",
+        build,
+        "--plain",
+        *extra,
+        timeout=300,
+    )
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every entry of a tree: file contents and modes, symlink targets."""
+    entries = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            entries[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            entries[rel] = f"{oct(path.stat().st_mode)} {hashlib.sha256(path.read_bytes()).hexdigest()}"
+    return entries
+
+
+@pytest.fixture(scope="module")
+def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One full bundle build for gfx1151 (build dir returned)."""
+    work = tmp_path_factory.mktemp("bundle")
+    result = bundle_cli(locked, _server, work / "build", work / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return work / "build"
+
+
+def copy_of(built: Path, dest: Path) -> Path:
+    """Running a bundle writes byte code into it: tests run copies and keep the built tree pristine."""
+    shutil.copytree(built / "gfx1151" / "root", dest, symlinks=True)
+    return dest
+
+
+def run_launcher(launcher: Path, *args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    result = subprocess.run([str(launcher), *args], env=env or {}, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    report: dict = json.loads(result.stdout)  # type: ignore[type-arg]
+    return report
+
+
+def test_moved_bundle_runs_with_an_empty_environment(built: Path, tmp_path: Path) -> None:
+    moved = copy_of(built, tmp_path / "a place with spaces" / "vllm bundle")
+    args = ["--model", "/models/Qwen 3", "--port", "8001", "--served-model-name", "a b", "--max-model-len", "4096"]
+    report = run_launcher(moved / "bin" / "vllm-server", *args)
+    assert report["executable"] == str(moved / "bin" / f"python{PYTHON_MINOR}")
+    assert report["torch"].startswith(str(moved)), "the bundle's torch, not any other"
+    assert report["hip_check"] == 17, "torch's native extension reached libamdhip64 through the launcher"
+    assert report["argv"] == [*args, "--attention-backend", "TRITON_ATTN"]
+    assert report["env"]["PYTHONNOUSERSITE"] == "1"
+    assert report["env"]["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
+    assert report["env"]["CC"].startswith(str(moved)) and "/llvm/bin/clang" in report["env"]["CC"]
+
+
+def test_callers_pythonpath_stays_first(built: Path, tmp_path: Path) -> None:
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    root = copy_of(built, tmp_path / "root")
+    report = run_launcher(root / "bin" / "vllm-server", env={"PYTHONPATH": str(shim)})
+    site_index = next(i for i, p in enumerate(report["sys_path"]) if p.endswith("site-packages"))
+    assert report["sys_path"].index(str(shim)) < site_index
+    assert report["env"]["PYTHONPATH"] == str(shim)
+
+
+def test_bundle_tree_is_relocatable_and_pruned(built: Path, tmp_path: Path) -> None:
+    root = built / "gfx1151" / "root"
+    site = root / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
+    assert not (site / "pip").exists(), "pruned"
+    assert not list(root.rglob("__pycache__"))
+    assert (site / "torch" / "lib" / ".kpack" / "torch_hip_gfx1151.kpack").is_file(), "hidden device code kept"
+    assert (site / "_rocm_sdk_libraries" / "lib" / ".kpack" / "rocblas_gfx1151.kpack").is_file()
+    assert (site / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang-20").is_file(), "versioned clang kept"
+    assert os.access(site / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang-20", os.X_OK), "modes preserved"
+    script = (root / "bin" / "rocm-sdk").read_text()
+    assert script.startswith("#!/bin/sh\n'''exec'"), "console scripts start the bundled python relatively"
+    build_path = str(built.resolve()).encode()
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert build_path not in path.read_bytes(), path
+    # sysconfig answers with wherever the tree is, not python-build-standalone's /install
+    root = copy_of(built, tmp_path / "moved")
+    out = subprocess.run(
+        [
+            str(root / "bin" / f"python{PYTHON_MINOR}"),
+            "-c",
+            "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={},
+    )
+    assert out.stdout.strip() == str((root / "lib").resolve())
+    moved_rocm_sdk = subprocess.run(
+        [str(root / "bin" / "rocm-sdk"), "path", "--root"], capture_output=True, text=True, env={}, check=True
+    )
+    assert moved_rocm_sdk.stdout.strip().endswith("site-packages/_rocm_sdk_core")
+
+
+def test_second_run_downloads_and_rebuilds_nothing(
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    before = tree_digest(built / "gfx1151" / "root")
+    result = bundle_cli(locked, upstream, built, built.parent / "cache")
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("stage")] == [
+        [stage, "cached"] for stage in STAGES
+    ]
+    assert "0 downloaded" in result.stdout
+    assert [r for r in upstream.log if r.method == "GET"] == [], "no connection for a cached build"
+    assert tree_digest(built / "gfx1151" / "root") == before
+
+
+def test_changing_only_the_launcher_template_redoes_only_the_last_stage(
+    locked: Path, upstream: UpstreamServer, tmp_path: Path, built: Path
+) -> None:
+    build = tmp_path / "build"
+    shutil.copytree(built, build, symlinks=True)
+    script = textwrap.dedent("""
+        import sys
+        import vllm_bundle.launcher as launcher, vllm_bundle.bundle as bundle
+        original = launcher.template_text()
+        changed = lambda: original.replace("set -eu", "set -eu\\n# a new line in the template")
+        launcher.template_text = bundle.template_text = changed
+        from vllm_bundle.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            "bundle",
+            "gfx1151",
+            "--recipes",
+            str(locked),
+            "--cache-dir",
+            str(built.parent / "cache"),
+            "--mirror",
+            f"{upstream.url}/mirror/",
+            "--build-dir",
+            str(build),
+            "--plain",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    states = {line.split()[1]: line.split()[2] for line in result.stdout.splitlines() if line.startswith("stage")}
+    assert states == {
+        "python": "cached",
+        "site": "cached",
+        "vllm-src": "cached",
+        "vllm-wheel": "cached",
+        "app": "cached",
+        "root": "built",
+    }
+    assert "# a new line in the template" in (build / "gfx1151" / "root" / "bin" / "vllm-server").read_text()
+
+
+def test_force_redoes_one_stage_and_what_follows_it(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    build = tmp_path / "build"
+    shutil.copytree(built, build, symlinks=True)
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "site")
+    assert result.returncode == 0, result.stderr
+    states = {line.split()[1]: line.split()[2] for line in result.stdout.splitlines() if line.startswith("stage")}
+    assert states["python"] == "cached" and states["site"] == "built"
+    # the site stage's key is unchanged by a forced rebuild, so what depends on it stays cached
+    assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
+    assert_one_line_error(
+        bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "nope"),
+        "unknown stage 'nope'",
+        "python, site",
+    )
+
+
+# -- unsafe CPython tarballs -------------------------------------------------------------------------
+
+
+def _tarball(path: Path, evil: tarfile.TarInfo, data: bytes = b"") -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        ok = tarfile.TarInfo(f"python/bin/python{PYTHON_MINOR}")
+        ok.size = 4
+        archive.addfile(ok, io.BytesIO(b"\x7fELF"))
+        archive.addfile(evil, io.BytesIO(data) if data else None)
+    return path
+
+
+def _entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, linkname, size
+    return info
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (_entry("/tmp/vllm-bundle-evil", size=4), "absolute path"),
+        (_entry("python/../../vllm-bundle-evil", size=4), "'..' component"),
+        (_entry("python/lib/escape", tarfile.SYMTYPE, "../../../vllm-bundle-evil"), "symlink leaving the tree"),
+        (_entry("python/lib/abs", tarfile.SYMTYPE, "/etc/passwd"), "symlink leaving the tree"),
+        (_entry("python/lib/up", tarfile.SYMTYPE, "../../sibling"), "symlink leaving the tree"),
+        (_entry("python/lib/hard", tarfile.LNKTYPE, "../vllm-bundle-evil"), "hard link leaving the tree"),
+        (_entry("python/dev/sda", tarfile.BLKTYPE), "device node"),
+        (_entry("python/dev/pipe", tarfile.FIFOTYPE), "device node or FIFO"),
+        (_entry("other/file", size=4), "outside the python/ directory"),
+    ],
+)
+def test_unsafe_python_tarball_is_refused(tmp_path: Path, entry: tarfile.TarInfo, reason: str) -> None:
+    tarball = _tarball(tmp_path / "cpython-evil.tar.gz", entry, b"evil" if entry.size else b"")
+    build = tmp_path / "work" / "build"
+    with pytest.raises(BundleError) as caught:
+        python_stage(tarball, "0" * 64, PYTHON_MINOR, build / "gfx1151" / "python")
+    assert reason in str(caught.value) and "refusing to extract cpython-evil.tar.gz" in str(caught.value)
+    assert not (tmp_path / "vllm-bundle-evil").exists() and not Path("/tmp/vllm-bundle-evil").exists()
+    assert not (build / "gfx1151" / "python").exists(), "nothing extracted, nothing marked complete"
+    outside = [p for p in tmp_path.rglob("*") if p.is_file() and build not in p.parents and p != tarball]
+    assert outside == [], "nothing written outside build/"
+
+
+# -- crash safety --------------------------------------------------------------------------------------
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import vllm_bundle.stage as stage
+    victim = sys.argv[1]
+    original = stage.run_stage
+    def run_stage(out, name, version, inputs, build, force=False):
+        if name != victim:
+            return original(out, name, version, inputs, build, force)
+        def dying(tmp):
+            details = build(tmp)  # the stage's work is done in its temporary directory...
+            os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
+        return original(out, name, version, inputs, dying, True)
+    for module in ("python_stage", "assemble", "vllm_source", "vllm_build"):
+        __import__(f"vllm_bundle.{module}")
+        setattr(sys.modules[f"vllm_bundle.{module}"], "run_stage", run_stage)
+    from vllm_bundle.cli import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
+    stage: str, locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    build = tmp_path / "build"
+    args = [
+        "bundle",
+        "gfx1151",
+        "--recipes",
+        str(locked),
+        "--cache-dir",
+        str(built.parent / "cache"),
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--build-dir",
+        str(build),
+        "--plain",
+    ]
+    killed = subprocess.run([sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    target = build / "gfx1151"
+    assert not (target / f".{stage}.stage.json").exists(), "the killed stage has no stamp"
+    assert not (target / stage).exists(), "and no output in its final place"
+    again = bundle_cli(locked, upstream, build, built.parent / "cache")
+    assert again.returncode == 0, again.stderr
+    assert tree_digest(target / "root") == tree_digest(built / "gfx1151" / "root")
