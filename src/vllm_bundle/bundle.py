@@ -74,6 +74,7 @@ def build_bundle(
     patches_dir: Path,
     force: Sequence[str] = (),
     announce: Callable[[StageResult], None] = lambda result: None,
+    starting: Callable[[str], None] = lambda name: None,
 ) -> BundleRun:
     unknown = set(force) - set(STAGES)
     if unknown:
@@ -96,14 +97,22 @@ def build_bundle(
         announce(result)
         return result
 
+    def begin(name: str) -> None:
+        starting(name)
+
     python = lock.artifact("python")
+    begin("python")
     py = step(python_stage(fetched[python.sha256], python.sha256, minor, base / "python", "python" in force))
     others = [w for w in wheels if w.name != "vllm"]
+    begin("site")
     site = step(site_stage(py, _named_wheels(others, fetched, base / ".wheels"), minor, base / "site", "site" in force))
+    begin("vllm-wheel")
     vllm = step(_vllm_wheel(recipes, target_name, lock, wheels, fetched, site, patches_dir, base, force, step))
     rules = load_prune_rules(recipes.root)
+    begin("app")
     app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
     template = stage_key("launcher-template", 1, {"text": template_text()})
+    begin("root")
     step(
         root_stage(
             app,
@@ -161,10 +170,11 @@ def _vllm_wheel(
 
 
 def summary_lines(run: BundleRun) -> list[str]:
-    lines = [f"fetch       {run.fetch_seconds:6.1f} s  {run.downloaded} downloaded"]
+    """What ran, what was cached, how long it took and how big each stage's output is."""
+    lines = ["summary", f"  {'fetch':<11} {'':>6}  {run.fetch_seconds:6.1f} s  {run.downloaded} downloaded"]
     for result in run.results:
         state = "cached" if result.cached else "built"
-        lines.append(f"{result.name:<11} {result.seconds:6.1f} s  {state}")
+        lines.append(f"  {result.name:<11} {state:>6}  {result.seconds:6.1f} s  {human_size(tree_size(result.path))}")
     total = sum(r.seconds for r in run.results) + run.fetch_seconds
-    lines.append(f"bundle      {total:6.1f} s  {run.root} ({human_size(tree_size(run.root))})")
+    lines.append(f"  {'total':<11} {'':>6}  {total:6.1f} s  bundle tree: {run.root}")
     return lines

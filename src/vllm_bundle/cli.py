@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich.console import Console
+
 from vllm_bundle import __version__
 from vllm_bundle.bundle import STAGES, build_bundle, summary_lines
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
@@ -206,16 +208,32 @@ def cmd_vllm_wheel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_size_report(sizes: dict[str, tuple[int, int]], limit: int = 15) -> None:
+    print(f"         {'size before and after pruning, largest first':<44}")
+    for group, (before, after) in sorted(sizes.items(), key=lambda item: -item[1][0])[:limit]:
+        print(f"         {group:<44} {human_size(before):>10} -> {human_size(after):>10}")
+    total_before, total_after = sum(b for b, _ in sizes.values()), sum(a for _, a in sizes.values())
+    print(f"         {'all':<44} {human_size(total_before):>10} -> {human_size(total_after):>10}")
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
     recipes.target(args.target)
+    console = Console(stderr=True)
+    status = console.status("") if console.is_terminal and not args.plain else None
 
-    def announce(result: StageResult) -> None:
+    def starting(name: str) -> None:
+        if status is not None:
+            status.update(f"stage {name} ...")
+            status.start()
+
+    def finished(result: StageResult) -> None:
+        if status is not None:
+            status.stop()
         state = "cached" if result.cached else f"built in {result.seconds:.1f} s"
         print(f"stage  {result.name:<11} {state}", flush=True)
         if result.name == "app" and not result.cached:
-            for group, (before, after) in sorted(result.details.get("sizes", {}).items(), key=lambda i: -i[1][0])[:12]:
-                print(f"         {group:<44} {human_size(before):>10} -> {human_size(after):>10}")
+            _print_size_report(result.details.get("sizes", {}))
 
     with _fetcher(args, None) as fetcher:
         run = build_bundle(
@@ -227,7 +245,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             args.build_dir,
             args.patches,
             force=args.force_stage,
-            announce=announce,
+            announce=finished,
+            starting=starting,
         )
     for line in summary_lines(run):
         print(line)
