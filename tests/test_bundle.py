@@ -24,6 +24,9 @@ from vllm_bundle.bundle import STAGES
 from vllm_bundle.errors import BundleError
 from vllm_bundle.python_stage import python_stage
 
+TEST_REPO = "example-org/vllm-rocm-bundles"
+PART_SIZE = 8 * 1024 * 1024  # small parts, so the fixture bundle spans several
+
 
 def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
     return run_cli(
@@ -37,6 +40,12 @@ def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path,
         f"{upstream.url}/mirror/",
         "--build-dir",
         build,
+        "--bundles-dir",
+        build.parent / "bundles",
+        "--repo",
+        TEST_REPO,
+        "--part-size",
+        str(PART_SIZE),
         "--plain",
         *extra,
         timeout=300,
@@ -149,7 +158,7 @@ def test_second_run_downloads_and_rebuilds_nothing(
     assert tree_digest(built / "gfx1151" / "root") == before
 
 
-def test_changing_only_the_launcher_template_redoes_only_the_last_stage(
+def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
     locked: Path, upstream: UpstreamServer, tmp_path: Path, built: Path
 ) -> None:
     build = tmp_path / "build"
@@ -178,6 +187,12 @@ def test_changing_only_the_launcher_template_redoes_only_the_last_stage(
             f"{upstream.url}/mirror/",
             "--build-dir",
             str(build),
+            "--bundles-dir",
+            str(build.parent / "bundles"),
+            "--repo",
+            TEST_REPO,
+            "--part-size",
+            str(PART_SIZE),
             "--plain",
         ],
         capture_output=True,
@@ -193,6 +208,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_last_stage(
         "vllm-wheel": "cached",
         "app": "cached",
         "root": "built",
+        "release": "built",
     }
     assert "# a new line in the template" in (build / "gfx1151" / "root" / "bin" / "vllm-server").read_text()
 
@@ -273,7 +289,7 @@ KILLER = textwrap.dedent("""
             details = build(tmp)  # the stage's work is done in its temporary directory...
             os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
         return original(out, name, version, inputs, dying, True)
-    for module in ("python_stage", "assemble", "vllm_source", "vllm_build"):
+    for module in ("python_stage", "assemble", "vllm_source", "vllm_build", "release"):
         __import__(f"vllm_bundle.{module}")
         setattr(sys.modules[f"vllm_bundle.{module}"], "run_stage", run_stage)
     from vllm_bundle.cli import main
@@ -297,6 +313,12 @@ def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
         f"{upstream.url}/mirror/",
         "--build-dir",
         str(build),
+        "--bundles-dir",
+        str(build.parent / "bundles"),
+        "--repo",
+        TEST_REPO,
+        "--part-size",
+        str(PART_SIZE),
         "--plain",
     ]
     killed = subprocess.run([sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300)
@@ -307,3 +329,4 @@ def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
     again = bundle_cli(locked, upstream, build, built.parent / "cache")
     assert again.returncode == 0, again.stderr
     assert tree_digest(target / "root") == tree_digest(built / "gfx1151" / "root")
+    assert tree_digest(build.parent / "bundles") == tree_digest(built.parent / "bundles"), "same assets"

@@ -14,21 +14,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
 from vllm_bundle.assemble import Layout, app_stage, root_stage, site_stage
 from vllm_bundle.errors import RecipeError
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.launcher import template_text
 from vllm_bundle.locker import check_lock
 from vllm_bundle.lockfile import Lock, read_lock, wheel_artifacts
+from vllm_bundle.manifests import sha256_file
 from vllm_bundle.progress import human_size
 from vllm_bundle.prune import load_prune_rules
 from vllm_bundle.python_stage import python_stage
 from vllm_bundle.recipes import Recipes
+from vllm_bundle.release import ReleaseOptions, release_stage
 from vllm_bundle.stage import StageResult, stage_key
 from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
 
-STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root")
+STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "release")
 
 
 @dataclass
@@ -39,6 +43,7 @@ class BundleRun:
     results: list[StageResult] = field(default_factory=list)
     fetch_seconds: float = 0.0
     downloaded: int = 0
+    release_dir: Path | None = None
 
     @property
     def root(self) -> Path:
@@ -75,7 +80,10 @@ def build_bundle(
     force: Sequence[str] = (),
     announce: Callable[[StageResult], None] = lambda result: None,
     starting: Callable[[str], None] = lambda name: None,
+    release: ReleaseOptions | None = None,
+    bundles_dir: Path = Path("bundles"),
 ) -> BundleRun:
+    """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive)."""
     unknown = set(force) - set(STAGES)
     if unknown:
         raise RecipeError(f"unknown stage {sorted(unknown)[0]!r} for --force", f"stages: {', '.join(STAGES)}")
@@ -113,7 +121,7 @@ def build_bundle(
     app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
     template = stage_key("launcher-template", 1, {"text": template_text()})
     begin("root")
-    step(
+    root = step(
         root_stage(
             app,
             minor,
@@ -126,6 +134,26 @@ def build_bundle(
             "root" in force,
         )
     )
+    if release is not None:
+        begin("release")
+        wheel_name = str(vllm.details["wheel"])
+        hashes: dict[str, str] = {canonicalize_name(w.name): w.sha256 for w in wheels}
+        hashes["vllm"] = sha256_file(vllm.path / wheel_name)
+        result = step(
+            release_stage(
+                lock=lock,
+                locks_dir=locks_dir,
+                target=target.name,
+                minor=minor,
+                root=root,
+                vllm_version=str(parse_wheel_filename(wheel_name)[1]),
+                wheel_hashes=hashes,
+                bundles_dir=bundles_dir,
+                options=release,
+                force="release" in force,
+            )
+        )
+        run.release_dir = result.path
     return run
 
 
@@ -177,4 +205,6 @@ def summary_lines(run: BundleRun) -> list[str]:
         lines.append(f"  {result.name:<11} {state:>6}  {result.seconds:6.1f} s  {human_size(tree_size(result.path))}")
     total = sum(r.seconds for r in run.results) + run.fetch_seconds
     lines.append(f"  {'total':<11} {'':>6}  {total:6.1f} s  bundle tree: {run.root}")
+    if run.release_dir is not None:
+        lines.append(f"  {'assets':<11} {'':>6}  {'':>8}  {run.release_dir}")
     return lines

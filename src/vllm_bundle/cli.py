@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from vllm_bundle import __version__
+from vllm_bundle.archive import DEFAULT_LEVEL, DEFAULT_PART_SIZE
 from vllm_bundle.bundle import STAGES, build_bundle, summary_lines
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
 from vllm_bundle.errors import BundleError, LockError, RecipeError
@@ -24,6 +25,7 @@ from vllm_bundle.locker import Sources, check_lock, make_lock
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.progress import human_size, make_reporter
 from vllm_bundle.recipes import Recipes, load_recipes
+from vllm_bundle.release import REPO_ENV, ReleaseOptions, default_repo
 from vllm_bundle.simple_index import project_files
 from vllm_bundle.stage import StageResult
 from vllm_bundle.transport import RetryPolicy
@@ -235,6 +237,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         if result.name == "app" and not result.cached:
             _print_size_report(result.details.get("sizes", {}))
 
+    release = None
+    if not args.no_archive:
+        release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
     with _fetcher(args, None) as fetcher:
         run = build_bundle(
             recipes,
@@ -247,6 +252,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             force=args.force_stage,
             announce=finished,
             starting=starting,
+            release=release,
+            bundles_dir=args.bundles_dir,
         )
     for line in summary_lines(run):
         print(line)
@@ -336,6 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"redo this stage even if its inputs are unchanged ({', '.join(STAGES)})",
     )
     bundle.add_argument("--offline", action="store_true", help="use the download cache only")
+    bundle.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
+    bundle.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
+    bundle.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")
+    bundle.add_argument(
+        "--level",
+        type=int,
+        default=DEFAULT_LEVEL,
+        choices=range(1, 10),
+        metavar="1-9",
+        help=f"gzip level ({DEFAULT_LEVEL})",
+    )
+    bundle.add_argument("--no-archive", action="store_true", help="stop at the bundle tree (no release assets)")
     bundle.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
     _common(bundle)
     bundle.set_defaults(func=cmd_bundle)

@@ -1,0 +1,181 @@
+"""The release archive: one deterministic gzip tarball of the bundle root, written straight into
+parts of at most ``part_size`` bytes.
+
+Determinism: entries ``./...`` in sorted order; mtime clamped to the source date; uid/gid 0 with empty
+owner names; modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must
+stay inside the tree); a second name of an inode is recorded as a hard link to the first name in
+sorted order; the gzip header has no file name and mtime 0. Compression runs on all cores with
+zlib-ng's threaded gzip writer, whose output does not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from zlib_ng import gzip_ng_threaded
+
+from vllm_bundle.errors import BundleError
+
+#: GitHub refuses release assets of 2 GiB and more; 1.9 GB leaves room.
+DEFAULT_PART_SIZE = 1_900_000_000
+DEFAULT_LEVEL = 6
+
+
+class ArchiveError(BundleError):
+    """The tree cannot be archived as it is (e.g. a symlink that leaves it)."""
+
+
+@dataclass
+class Part:
+    path: Path
+    size: int
+    sha256: str
+
+
+@dataclass
+class PartWriter:
+    """A write-only stream that cuts what it is given into numbered part files."""
+
+    directory: Path
+    stem: str  # "<tag>-x64"
+    part_size: int
+    parts: list[Part] = field(default_factory=list)
+    whole: hashlib._Hash = field(default_factory=hashlib.sha256)
+    total: int = 0
+    _handle: BinaryIO | None = None
+    _hash: hashlib._Hash | None = None
+    _written: int = 0
+
+    def _open_next(self) -> None:
+        self._close_current()
+        path = self.directory / f".{self.stem}.part{len(self.parts) + 1:02d}.tmp"
+        self._handle, self._hash, self._written = path.open("wb"), hashlib.sha256(), 0
+        self.parts.append(Part(path, 0, ""))
+
+    def _close_current(self) -> None:
+        if self._handle is not None and self._hash is not None:
+            self._handle.close()
+            self.parts[-1].size, self.parts[-1].sha256 = self._written, self._hash.hexdigest()
+            self._handle = None
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            if self._handle is None or self._written == self.part_size:
+                self._open_next()
+            assert self._handle is not None and self._hash is not None
+            chunk = view[: self.part_size - self._written]
+            self._handle.write(chunk)
+            self._hash.update(chunk)
+            self.whole.update(chunk)
+            self._written += len(chunk)
+            self.total += len(chunk)
+            view = view[len(chunk) :]
+        return len(data)
+
+    def flush(self) -> None:
+        if self._handle is not None:
+            self._handle.flush()
+
+    def finish(self) -> list[Part]:
+        """Close and give the parts their final names ``<stem>.partNN-of-MM.tar.gz``."""
+        self._close_current()
+        count = len(self.parts)
+        if count > 99:
+            raise ArchiveError(f"the archive needs {count} parts; names allow 99", "raise the part size")
+        for number, part in enumerate(self.parts, start=1):
+            final = self.directory / part_name(self.stem, number, count)
+            part.path.replace(final)
+            part.path = final
+        return self.parts
+
+    def discard(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        for part in self.parts:
+            part.path.unlink(missing_ok=True)
+
+
+def part_name(stem: str, number: int, count: int) -> str:
+    return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
+
+
+def _entries(root: Path) -> Iterator[tuple[str, Path]]:
+    """``(archive name, path)`` for the root and everything under it, sorted by archive name."""
+    names = [("./", root)]
+    for dirpath, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(dirpath, name)
+            names.append(("./" + path.relative_to(root).as_posix(), path))
+    yield from sorted(names, key=lambda item: item[0])
+
+
+def _tarinfo(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+    stat = path.lstat()
+    info = tarfile.TarInfo(name.rstrip("/") if name != "./" else ".")
+    info.mtime, info.uid, info.gid, info.uname, info.gname = source_date, 0, 0, "", ""
+    if path.is_symlink():
+        target = str(path.readlink())
+        inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+        if target.startswith("/") or inside == ".." or inside.startswith("../"):
+            raise ArchiveError(
+                f"{path.relative_to(root)} is a symlink leaving the bundle (-> {target})",
+                "make it relative and inside the tree",
+            )
+        info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
+    elif path.is_dir():
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+    elif path.is_file():
+        info.mode = 0o755 if stat.st_mode & 0o100 else 0o644
+        key = (stat.st_dev, stat.st_ino)
+        if stat.st_nlink > 1 and key in seen:
+            info.type, info.linkname = tarfile.LNKTYPE, seen[key]
+        else:
+            seen[key] = info.name
+            info.size = stat.st_size
+    else:
+        raise ArchiveError(
+            f"{path.relative_to(root)} is neither a file, a directory nor a symlink", "remove it from the bundle"
+        )
+    return info
+
+
+def write_archive(
+    root: Path,
+    out_dir: Path,
+    stem: str,
+    source_date: int,
+    *,
+    part_size: int = DEFAULT_PART_SIZE,
+    level: int = DEFAULT_LEVEL,
+    threads: int | None = None,
+) -> tuple[list[Part], int, str]:
+    """Archive ``root`` into parts in ``out_dir``; returns (parts, whole size, whole sha256)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = PartWriter(out_dir, stem, part_size)
+    seen: dict[tuple[int, int], str] = {}
+    try:
+        cores = threads or os.cpu_count() or 1
+        with (
+            gzip_ng_threaded.open(writer, "wb", compresslevel=level, threads=cores) as gz,  # type: ignore[no-untyped-call]
+            tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for name, path in _entries(root):
+                info = _tarinfo(name, path, root, source_date, seen)
+                if info.isreg():
+                    with path.open("rb") as handle:
+                        tar.addfile(info, handle)
+                else:
+                    tar.addfile(info)
+        parts = writer.finish()
+    except BaseException:
+        writer.discard()
+        raise
+    return parts, writer.total, writer.whole.hexdigest()

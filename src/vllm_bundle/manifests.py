@@ -1,0 +1,102 @@
+"""Release manifests: SHA256SUMS, release.json, Lemonade's backend_versions.json, and their merge.
+
+All are written with sorted keys and a trailing newline, so the same inputs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_bundle.errors import BundleError
+
+RELEASE_JSON = "release.json"
+BACKEND_VERSIONS = "backend_versions.json"
+SHA256SUMS = "SHA256SUMS"
+
+
+class ManifestError(BundleError):
+    """A manifest is malformed or manifests disagree."""
+
+
+def dump_json(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def public_version(version: str) -> str:
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        raise ManifestError(f"{version!r} is not a PEP 440 version") from None
+
+
+def release_tag(vllm: str, rocm: str, target: str) -> str:
+    """``vllm<vllm>-rocm<rocm>-<target>``: public versions only (installers do not URL-encode '+')."""
+    tag = f"vllm{public_version(vllm)}-rocm{public_version(rocm)}-{target}"
+    if any(c in tag for c in "+ /"):
+        raise ManifestError(f"release tag {tag!r} has a character installers cannot use")
+    return tag
+
+
+def pin_of(tag: str, target: str) -> str:
+    """The ``vllm.rocm`` pin in backend_versions.json: the tag without ``-<target>``."""
+    return tag.removesuffix(f"-{target}")
+
+
+def sha256_file(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def sha256sums(directory: Path, names: Sequence[str]) -> bytes:
+    return "".join(f"{sha256_file(directory / name)}  {name}\n" for name in sorted(names)).encode()
+
+
+def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str]) -> dict[str, Any]:
+    """Lemonade's format: the pin, and ``checksums.github.<repo>.<tag>.<asset> = sha256:<hex>`` per part."""
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ManifestError(
+            f"GitHub repository {repo!r} is not <owner>/<name>", "pass --repo owner/name or set $GITHUB_REPOSITORY"
+        )
+    return {
+        "vllm": {"rocm": pin_of(tag, target)},
+        "checksums": {"github": {repo: {tag: {name: f"sha256:{digest}" for name, digest in sorted(parts.items())}}}},
+    }
+
+
+def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One backend_versions.json for a release made of several targets' files."""
+    if not documents:
+        raise ManifestError("nothing to merge")
+    pins = {json.dumps(doc.get("vllm"), sort_keys=True) for doc in documents}
+    if len(pins) != 1:
+        raise ManifestError(
+            f"the files pin different vLLM builds: {sorted(pins)}", "merge only the targets of one release"
+        )
+    merged: dict[str, Any] = {"vllm": documents[0]["vllm"], "checksums": {"github": {}}}
+    for doc in documents:
+        for repo, tags in doc.get("checksums", {}).get("github", {}).items():
+            for tag, assets in tags.items():
+                existing = merged["checksums"]["github"].setdefault(repo, {}).setdefault(tag, {})
+                for name, digest in assets.items():
+                    if existing.get(name, digest) != digest:
+                        raise ManifestError(
+                            f"{repo} {tag} {name} has two different checksums", "the files come from different builds"
+                        )
+                    existing[name] = digest
+    return merged
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ManifestError(f"cannot read {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path} is not a JSON object")
+    return data

@@ -1,0 +1,123 @@
+"""The ``release`` stage: the bundle root as release assets in ``bundles/<tag>/``.
+
+<tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball)
+<tag>-x64.partcount             MM (also for a single part)
+<tag>-x64.cdx.json              CycloneDX SBOM
+release.json                    tag, target, channel, versions, lock hash, source date, archive, parts
+backend_versions.json           Lemonade's pin + checksums of every part
+SHA256SUMS                      of every other file here
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_bundle.archive import DEFAULT_LEVEL, DEFAULT_PART_SIZE, write_archive
+from vllm_bundle.assemble import Layout
+from vllm_bundle.errors import BundleError
+from vllm_bundle.lockfile import Lock, lock_paths
+from vllm_bundle.manifests import (
+    BACKEND_VERSIONS,
+    RELEASE_JSON,
+    SHA256SUMS,
+    backend_versions,
+    dump_json,
+    release_tag,
+    sha256sums,
+)
+from vllm_bundle.sbom import build_sbom
+from vllm_bundle.stage import StageResult, file_digest, run_stage
+
+STAGE_VERSION = 1
+REPO_ENV = "GITHUB_REPOSITORY"
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    repo: str
+    part_size: int = DEFAULT_PART_SIZE
+    level: int = DEFAULT_LEVEL
+    source_date: int | None = None  # else $SOURCE_DATE_EPOCH, else the lock's
+
+
+def source_date(lock: Lock, override: int | None) -> int:
+    if override is not None:
+        return override
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    if env:
+        if not env.isdigit():
+            raise BundleError(f"SOURCE_DATE_EPOCH={env!r} is not a number of seconds", "unset it or fix it")
+        return int(env)
+    return lock.source_date_epoch
+
+
+def default_repo(configured: str | None) -> str:
+    repo = configured or os.environ.get(REPO_ENV, "")
+    if not repo:
+        raise BundleError(
+            "no GitHub repository for backend_versions.json checksums",
+            f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)",
+        )
+    return repo
+
+
+def release_stage(
+    *,
+    lock: Lock,
+    locks_dir: Path,
+    target: str,
+    minor: str,
+    root: StageResult,
+    vllm_version: str,
+    wheel_hashes: Mapping[str, str],
+    bundles_dir: Path,
+    options: ReleaseOptions,
+    force: bool = False,
+) -> StageResult:
+    """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part."""
+    tag = release_tag(vllm_version, lock.versions["rocm"], target)
+    stem = f"{tag}-x64"
+    date = source_date(lock, options.source_date)
+    lock_hash = file_digest(*lock_paths(locks_dir, lock.channel, target))
+    versions = {**lock.versions, "vllm": vllm_version}
+    inputs = {
+        "root": root.key,
+        "date": date,
+        "part_size": options.part_size,
+        "level": options.level,
+        "repo": options.repo,
+        "versions": versions,
+        "lock": lock_hash,
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        parts, size, digest = write_archive(
+            root.path, tmp, stem, date, part_size=options.part_size, level=options.level
+        )
+        (tmp / f"{stem}.partcount").write_text(f"{len(parts):02d}")
+        artifact_hashes = {role: lock.roles[role] for role in ("python", "vllm-sdist") if role in lock.roles}
+        (tmp / f"{stem}.cdx.json").write_bytes(
+            build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes)
+        )
+        part_entries = [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in parts]
+        release = {
+            "tag": tag,
+            "target": target,
+            "channel": lock.channel,
+            "versions": versions,
+            "lock_sha256": lock_hash,
+            "source_date_epoch": date,
+            "archive": {"size": size, "sha256": digest, "format": "tar+gzip", "parts": part_entries},
+        }
+        (tmp / RELEASE_JSON).write_bytes(dump_json(release))
+        checksums = {p.path.name: p.sha256 for p in parts}
+        (tmp / BACKEND_VERSIONS).write_bytes(dump_json(backend_versions(tag, target, options.repo, checksums)))
+        names = [p.name for p in tmp.iterdir() if p.name != SHA256SUMS]
+        (tmp / SHA256SUMS).write_bytes(sha256sums(tmp, names))
+        return {"tag": tag, "parts": len(parts), "size": size}
+
+    return run_stage(bundles_dir / tag, "release", STAGE_VERSION, inputs, build, force=force)
