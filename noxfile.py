@@ -72,3 +72,9 @@ def patch(session: nox.Session) -> None:
 def bundle(session: nox.Session) -> None:
     """Build the relocatable bundle of a target: `nox -s bundle -- gfx1151 [--channel C] [--mirror M]`."""
     _cli(session, "bundle")
+
+
+@nox.session(name="verify-repro")
+def verify_repro(session: nox.Session) -> None:
+    """Build twice (other directories, umask, time zone, clock) and compare every asset byte by byte."""
+    _cli(session, "verify-repro")

@@ -3,7 +3,6 @@ and crash safety."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -17,60 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import PART_SIZE, TEST_REPO, assert_one_line_error, bundle_cli, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.bundle import STAGES
 from vllm_bundle.errors import BundleError
 from vllm_bundle.python_stage import python_stage
-
-TEST_REPO = "example-org/vllm-rocm-bundles"
-PART_SIZE = 8 * 1024 * 1024  # small parts, so the fixture bundle spans several
-
-
-def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return run_cli(
-        "bundle",
-        "gfx1151",
-        "--recipes",
-        locked,
-        "--cache-dir",
-        cache,
-        "--mirror",
-        f"{upstream.url}/mirror/",
-        "--build-dir",
-        build,
-        "--bundles-dir",
-        build.parent / "bundles",
-        "--repo",
-        TEST_REPO,
-        "--part-size",
-        str(PART_SIZE),
-        "--plain",
-        *extra,
-        timeout=300,
-    )
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Every entry of a tree: file contents and modes, symlink targets."""
-    entries = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            entries[rel] = "-> " + os.readlink(path)
-        elif path.is_file():
-            entries[rel] = f"{oct(path.stat().st_mode)} {hashlib.sha256(path.read_bytes()).hexdigest()}"
-    return entries
-
-
-@pytest.fixture(scope="module")
-def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One full bundle build for gfx1151 (build dir returned)."""
-    work = tmp_path_factory.mktemp("bundle")
-    result = bundle_cli(locked, _server, work / "build", work / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    return work / "build"
 
 
 def copy_of(built: Path, dest: Path) -> Path:

@@ -5,7 +5,7 @@ Determinism: entries ``./...`` in sorted order; mtime clamped to the source date
 owner names; modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must
 stay inside the tree); a second name of an inode is recorded as a hard link to the first name in
 sorted order; the gzip header has no file name and mtime 0. Compression runs on all cores with
-zlib-ng's threaded gzip writer, whose output does not depend on the thread count.
+zlib-ng's threaded gzip writer, whose output does not depend on the thread count (from two up).
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ def write_archive(
     writer = PartWriter(out_dir, stem, part_size)
     seen: dict[tuple[int, int], str] = {}
     try:
-        cores = threads or os.cpu_count() or 1
+        # zlib-ng's one-thread writer ends the stream a byte differently from its multi-thread one,
+        # so always take the multi-thread path: the output is then the same for any thread count.
+        cores = max(2, threads or os.cpu_count() or 1)
         with (
             gzip_ng_threaded.open(writer, "wb", compresslevel=level, threads=cores) as gz,  # type: ignore[no-untyped-call]
             tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,

@@ -22,10 +22,12 @@ from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
 from vllm_bundle.errors import BundleError, LockError, RecipeError
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.locker import Sources, check_lock, make_lock
-from vllm_bundle.lockfile import read_lock, wheel_artifacts
+from vllm_bundle.lockfile import atomic_write, read_lock, wheel_artifacts
+from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
 from vllm_bundle.progress import human_size, make_reporter
 from vllm_bundle.recipes import Recipes, load_recipes
 from vllm_bundle.release import REPO_ENV, ReleaseOptions, default_repo
+from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs
 from vllm_bundle.simple_index import project_files
 from vllm_bundle.stage import StageResult
 from vllm_bundle.transport import RetryPolicy
@@ -260,6 +262,30 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify_repro(args: argparse.Namespace) -> int:
+    first, second = build_twice([args.target, *args.bundle_args], args.work)
+    differences = compare_asset_dirs(first, second)
+    if differences:
+        raise NotReproducibleError(
+            f"two builds of {args.target} differ: {'; '.join(differences[:3])}",
+            f"compare {first} and {second}",
+        )
+    count = len(list(first.iterdir()))
+    print(
+        f"reproducible: {count} assets of {first.name} are byte-identical across two builds "
+        f"(different directories, umask 022/077, TZ UTC/Pacific/Kiritimati)"
+    )
+    return 0
+
+
+def cmd_merge_manifests(args: argparse.Namespace) -> int:
+    merged = merge_backend_versions([read_json(path) for path in args.files])
+    atomic_write(args.output, dump_json(merged))
+    tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
+    print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
+    return 0
+
+
 def _build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target")
     parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
@@ -358,11 +384,27 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
     _common(bundle)
     bundle.set_defaults(func=cmd_bundle)
+
+    repro = verbs.add_parser("verify-repro", help="build twice (other dirs, umask, TZ, clock) and compare assets")
+    repro.add_argument("target")
+    repro.add_argument("--work", type=Path, default=None, help="where the two builds go (a new temp dir)")
+    repro.epilog = "Every other option is passed to `bundle` (e.g. --recipes, --mirror, --repo)."
+    repro.set_defaults(func=cmd_verify_repro)
+
+    merge = verbs.add_parser("merge-manifests", help="merge several targets' backend_versions.json for one release")
+    merge.add_argument("files", nargs="+", type=Path)
+    merge.add_argument("-o", "--output", type=Path, required=True)
+    merge.set_defaults(func=cmd_merge_manifests)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.verb == "verify-repro":
+        args.bundle_args = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
     except BundleError as err:

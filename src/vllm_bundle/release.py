@@ -118,6 +118,9 @@ def release_stage(
         (tmp / BACKEND_VERSIONS).write_bytes(dump_json(backend_versions(tag, target, options.repo, checksums)))
         names = [p.name for p in tmp.iterdir() if p.name != SHA256SUMS]
         (tmp / SHA256SUMS).write_bytes(sha256sums(tmp, names))
+        for asset in tmp.iterdir():  # the same modes whatever the umask
+            asset.chmod(0o644)
+        tmp.chmod(0o755)
         return {"tag": tag, "parts": len(parts), "size": size}
 
     return run_stage(bundles_dir / tag, "release", STAGE_VERSION, inputs, build, force=force)

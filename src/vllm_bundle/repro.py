@@ -1,0 +1,113 @@
+"""Reproducibility check: build twice in different directories under a different umask, time zone and
+clock, and compare every asset; on a difference, name the first differing archive member and field."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from vllm_bundle.errors import BundleError
+
+MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime", "size", "linkname")
+
+
+class NotReproducibleError(BundleError):
+    """Two builds from the same inputs differ."""
+
+
+def _members(parts: Sequence[Path]) -> Iterator[tuple[tarfile.TarInfo, str]]:
+    """The members of an archive given as its parts, with a hash of each member's content."""
+    read, write = os.pipe()
+    feeder = subprocess.Popen(["cat", *map(str, parts)], stdout=write)
+    os.close(write)
+    with os.fdopen(read, "rb") as stream, tarfile.open(fileobj=stream, mode="r|gz") as archive:
+        for member in archive:
+            handle = archive.extractfile(member) if member.isreg() else None
+            digest = hashlib.sha256(handle.read()).hexdigest() if handle else ""
+            yield member, digest
+    feeder.wait()
+
+
+def first_difference(parts_a: Sequence[Path], parts_b: Sequence[Path]) -> str | None:
+    """``member <name>: <field> <a> != <b>`` for the first difference between two archives, or None."""
+    members_b = _members(parts_b)
+    for member_a, digest_a in _members(parts_a):
+        try:
+            member_b, digest_b = next(members_b)
+        except StopIteration:
+            return f"member {member_a.name}: only in the first archive"
+        for field in MEMBER_FIELDS:
+            value_a, value_b = getattr(member_a, field), getattr(member_b, field)
+            if value_a != value_b:
+                shown = (oct(value_a), oct(value_b)) if field == "mode" else (repr(value_a), repr(value_b))
+                return f"member {member_a.name}: {field} {shown[0]} != {shown[1]}"
+        if digest_a != digest_b:
+            return f"member {member_a.name}: content differs"
+    extra = next(members_b, None)
+    return f"member {extra[0].name}: only in the second archive" if extra else None
+
+
+def compare_asset_dirs(first: Path, second: Path) -> list[str]:
+    """Human-readable differences between two asset directories (empty: identical bytes)."""
+    names_a = sorted(p.name for p in first.iterdir())
+    names_b = sorted(p.name for p in second.iterdir())
+    if names_a != names_b:
+        return [f"different assets: {sorted(set(names_a) ^ set(names_b))}"]
+    differences = []
+    for name in names_a:
+        if (first / name).read_bytes() != (second / name).read_bytes():
+            differences.append(name)
+    parts_a = sorted(p for p in first.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
+    parts_b = sorted(p for p in second.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
+    if any(p.name in differences for p in parts_a):
+        detail = first_difference(parts_a, parts_b) or "the archives hold the same members; the compression differs"
+        differences = [f"{names}: {detail}" if ".part" in names else names for names in differences]
+    return differences
+
+
+def build_twice(bundle_args: Sequence[str], work: Path | None = None) -> tuple[Path, Path]:
+    """Run ``vllm-bundle bundle`` twice into separate build and asset directories; returns both."""
+    base = Path(work or tempfile.mkdtemp(prefix="vllm-bundle-repro-"))
+    outputs = []
+    variations = [({"TZ": "UTC"}, 0o022), ({"TZ": "Pacific/Kiritimati"}, 0o077)]
+    for index, (env, umask) in enumerate(variations):
+        run_dir = base / f"run{index + 1}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        command = [
+            sys.executable,
+            "-m",
+            "vllm_bundle",
+            "bundle",
+            *bundle_args,
+            "--build-dir",
+            str(run_dir / "build"),
+            "--bundles-dir",
+            str(run_dir / "bundles"),
+            "--plain",
+        ]
+        if index and shutil.which("faketime"):  # a clock a year ahead, where available
+            command = ["faketime", "+365d", *command]
+        result = subprocess.run(
+            command,
+            env={**os.environ, **env},
+            preexec_fn=functools.partial(os.umask, umask),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            sys.stderr.write(result.stdout + result.stderr)
+            raise BundleError(f"build {index + 1} of the reproducibility check failed (see above)")
+        (tag_dir,) = [p for p in (run_dir / "bundles").iterdir() if p.is_dir()]
+        outputs.append(tag_dir)
+        time.sleep(1.1)  # the second build runs at another wall-clock second
+    return outputs[0], outputs[1]

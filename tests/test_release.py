@@ -1,0 +1,232 @@
+"""Release assets: names, parts, manifests, SBOM, extraction as Lemonade does it, reproducibility."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    PART_SIZE,
+    TEST_REPO,
+    assert_one_line_error,
+    run_cli,
+    tree_digest,
+)
+from tests.upstream.fixture import ROCM_VERSION
+from tests.upstream.server import UpstreamServer
+from vllm_bundle.archive import write_archive
+from vllm_bundle.repro import first_difference
+
+TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
+STEM = f"{TAG}-x64"
+
+
+@pytest.fixture(scope="module")
+def assets(built: Path) -> Path:
+    return built.parent / "bundles" / TAG
+
+
+def parts_of(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"{STEM}.part*-of-*.tar.gz"))
+
+
+def test_asset_names_and_parts(assets: Path) -> None:
+    parts = parts_of(assets)
+    count = len(parts)
+    assert count > 1, "the fixture bundle spans several parts at the test part size"
+    assert [p.name for p in parts] == [f"{STEM}.part{n:02d}-of-{count:02d}.tar.gz" for n in range(1, count + 1)]
+    assert (assets / f"{STEM}.partcount").read_text() == f"{count:02d}"
+    assert all(p.stat().st_size <= PART_SIZE for p in parts)
+    assert all(p.stat().st_size == PART_SIZE for p in parts[:-1]), "only the last part is short"
+    assert "+" not in TAG
+
+
+def test_parts_concatenate_to_one_gzip_tarball(assets: Path) -> None:
+    listing = subprocess.run(
+        f"cat {' '.join(map(str, parts_of(assets)))} | tar -tzf -",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert listing[0] == "./"
+    assert all(name.startswith("./") for name in listing)
+    assert listing == sorted(listing, key=lambda n: n.rstrip("/")), "entries in sorted order"
+    release = json.loads((assets / "release.json").read_text())
+    whole = hashlib.sha256(b"".join(p.read_bytes() for p in parts_of(assets))).hexdigest()
+    assert release["archive"]["sha256"] == whole
+    first = parts_of(assets)[0].read_bytes()[:10]
+    assert first[3] == 0 and first[4:8] == b"\0\0\0\0", "gzip header: no file name, mtime 0"
+
+
+def test_archive_members_are_normalised(assets: Path) -> None:
+    release = json.loads((assets / "release.json").read_text())
+    with subprocess.Popen(["cat", *map(str, parts_of(assets))], stdout=subprocess.PIPE) as cat:
+        assert cat.stdout is not None
+        with tarfile.open(fileobj=cat.stdout, mode="r|gz") as archive:
+            members = list(archive)
+    for member in members:
+        assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "", "")
+        assert member.mtime == release["source_date_epoch"]
+        if member.isdir():
+            assert member.mode == 0o755
+        elif member.isreg():
+            assert member.mode in (0o755, 0o644)
+    modes = {m.name: m.mode for m in members}
+    assert modes["./bin/vllm-server"] == 0o755
+    assert any(m.issym() for m in members), "symlinks are kept"
+    hidden = [m.name for m in members if "/.kpack/" in m.name]
+    assert hidden, "hidden device code is in the archive"
+
+
+def test_lemonade_style_extraction(assets: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "download.tar.gz"
+    with archive.open("wb") as out:
+        for part in parts_of(assets):
+            out.write(part.read_bytes())
+    names = subprocess.run(["tar", "-tf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    tops = {name.split("/")[0] for name in names}
+    strip = 1 if len(tops) == 1 else 0
+    assert strip == 1, "every entry shares one top directory ('./')"
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    subprocess.run(
+        ["tar", "-xf", str(archive), "-C", str(staging), f"--strip-components={strip}", "--no-same-owner"],
+        check=True,
+        timeout=300,
+    )
+    servers = [p for p in staging.rglob("vllm-server") if p.is_file() and not p.is_symlink()]
+    assert servers == [staging / "bin" / "vllm-server"]
+    assert os.access(servers[0], os.X_OK)
+    report = json.loads(
+        subprocess.run(
+            [str(servers[0]), "--model", "m"], env={}, capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    )
+    assert report["hip_check"] == 17 and report["executable"].startswith(str(staging))
+
+
+def test_manifests(assets: Path) -> None:
+    release = json.loads((assets / "release.json").read_text())
+    parts = parts_of(assets)
+    assert release["tag"] == TAG and release["target"] == "gfx1151" and release["channel"] == "stable"
+    assert release["versions"]["vllm"] == "0.33.0+empty", "vLLM's local version part is kept here"
+    assert release["versions"]["rocm"] == ROCM_VERSION
+    assert set(release["versions"]) == {"python", "rocm", "torch", "triton", "vllm"}
+    assert len(release["lock_sha256"]) == 64
+    assert [p["name"] for p in release["archive"]["parts"]] == [p.name for p in parts]
+    assert [p["sha256"] for p in release["archive"]["parts"]] == [
+        hashlib.sha256(p.read_bytes()).hexdigest() for p in parts
+    ]
+    assert release["archive"]["size"] == sum(p.stat().st_size for p in parts)
+    backend = json.loads((assets / "backend_versions.json").read_text())
+    assert backend["vllm"] == {"rocm": f"vllm0.33.0-rocm{ROCM_VERSION}"}
+    checksums = backend["checksums"]["github"][TEST_REPO][TAG]
+    assert checksums == {p.name: "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest() for p in parts}
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=assets, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    listed = {line.split()[1] for line in (assets / "SHA256SUMS").read_text().splitlines()}
+    assert listed == {p.name for p in assets.iterdir()} - {"SHA256SUMS"}
+
+
+def test_sbom(assets: Path) -> None:
+    sbom = json.loads((assets / f"{STEM}.cdx.json").read_text())
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["serialNumber"].startswith("urn:uuid:")
+    assert "timestamp" not in json.dumps(sbom)
+    by_name = {c["name"]: c for c in sbom["components"]}
+    assert {"CPython (python-build-standalone)", "ROCm SDK (TheRock)", "PyTorch (TheRock)", "vLLM"} <= set(by_name)
+    assert {"torch", "fastapi", "rocm-sdk-core", "vllm"} <= set(by_name)
+    assert by_name["torch"]["hashes"][0]["alg"] == "SHA-256"
+    assert by_name["vLLM"]["version"] == "0.33.0+empty"
+
+
+def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
+    parts, size, digest = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64", 1763596800)
+    assert [p.path.name for p in parts] == ["x-x64.part01-of-01.tar.gz"]
+    assert size == parts[0].size and digest == parts[0].sha256
+
+
+def test_same_bytes_whatever_the_thread_count(built: Path, tmp_path: Path) -> None:
+    one, _, d1 = write_archive(built / "gfx1151" / "root", tmp_path / "a", "x", 1, part_size=PART_SIZE, threads=1)
+    assert write_archive(built / "gfx1151" / "root", tmp_path / "c", "x", 1, part_size=PART_SIZE, threads=2)[2] == d1
+    two, _, d2 = write_archive(built / "gfx1151" / "root", tmp_path / "b", "x", 1, part_size=PART_SIZE, threads=3)
+    assert d1 == d2 and [p.sha256 for p in one] == [p.sha256 for p in two]
+
+
+def test_two_builds_elsewhere_with_other_umask_and_tz_are_identical(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    result = run_cli(
+        "verify-repro",
+        "gfx1151",
+        "--work",
+        tmp_path / "repro",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        built.parent / "cache",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--repo",
+        TEST_REPO,
+        "--part-size",
+        str(PART_SIZE),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "byte-identical" in result.stdout
+    assert tree_digest(tmp_path / "repro" / "run2" / "bundles") == tree_digest(built.parent / "bundles")
+
+
+def test_a_difference_names_the_member_and_field(built: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(built / "gfx1151" / "root", root, symlinks=True)
+    a, _, _ = write_archive(root, tmp_path / "a", "x", 1)
+    (root / "bin" / "vllm-server").chmod(0o644)
+    b, _, _ = write_archive(root, tmp_path / "b", "x", 1)
+    assert first_difference([p.path for p in a], [p.path for p in b]) == "member ./bin/vllm-server: mode 0o755 != 0o644"
+
+
+def test_merge_backend_versions(assets: Path, tmp_path: Path) -> None:
+    other = json.loads((assets / "backend_versions.json").read_text())
+    other["checksums"]["github"][TEST_REPO] = {
+        f"vllm0.33.0-rocm{ROCM_VERSION}-gfx110X": {"x.part01-of-01.tar.gz": "sha256:" + "a" * 64}
+    }
+    (tmp_path / "gfx110X.json").write_text(json.dumps(other))
+    result = run_cli(
+        "merge-manifests", assets / "backend_versions.json", tmp_path / "gfx110X.json", "-o", tmp_path / "merged.json"
+    )
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert set(merged["checksums"]["github"][TEST_REPO]) == {TAG, f"vllm0.33.0-rocm{ROCM_VERSION}-gfx110X"}
+    other["vllm"]["rocm"] = "vllm0.34.0-rocm7.14.0"
+    (tmp_path / "wrong.json").write_text(json.dumps(other))
+    bad = run_cli("merge-manifests", assets / "backend_versions.json", tmp_path / "wrong.json", "-o", tmp_path / "m")
+    assert_one_line_error(bad, "pin different vLLM builds")
+
+
+def test_bundle_without_a_repository_says_how_to_set_one(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    result = run_cli(
+        "bundle",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        built.parent / "cache",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--build-dir",
+        tmp_path / "b",
+        "--plain",
+    )
+    assert_one_line_error(result, "no GitHub repository", "--repo owner/name")
