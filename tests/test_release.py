@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -153,11 +155,25 @@ def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
     assert size == parts[0].size and digest == parts[0].sha256
 
 
-def test_same_bytes_whatever_the_thread_count(built: Path, tmp_path: Path) -> None:
-    one, _, d1 = write_archive(built / "gfx1151" / "root", tmp_path / "a", "x", 1, part_size=PART_SIZE, threads=1)
-    assert write_archive(built / "gfx1151" / "root", tmp_path / "c", "x", 1, part_size=PART_SIZE, threads=2)[2] == d1
-    two, _, d2 = write_archive(built / "gfx1151" / "root", tmp_path / "b", "x", 1, part_size=PART_SIZE, threads=3)
-    assert d1 == d2 and [p.sha256 for p in one] == [p.sha256 for p in two]
+def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
+    """The archive does not depend on how many CPUs the machine has: all of them, then one (by
+    affinity, and ``os.cpu_count`` made to agree)."""
+    script = (
+        "import os, sys; from pathlib import Path; from vllm_bundle.archive import write_archive; "
+        "os.cpu_count = lambda: len(os.sched_getaffinity(0)); "
+        f"print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', 1, part_size={PART_SIZE})[2])"
+    )
+    digests = []
+    for name, cpus in (("all", os.sched_getaffinity(0)), ("one", {min(os.sched_getaffinity(0))})):
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(built / "gfx1151" / "root"), str(tmp_path / name)],
+            preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        digests.append(result.stdout.strip())
+    assert digests[0] == digests[1]
 
 
 def test_two_builds_elsewhere_with_other_umask_and_tz_are_identical(

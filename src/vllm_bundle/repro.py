@@ -1,5 +1,6 @@
-"""Reproducibility check: build twice in different directories under a different umask, time zone and
-clock, and compare every asset; on a difference, name the first differing archive member and field."""
+"""Reproducibility check: build twice in different directories under a different umask, time zone,
+number of usable CPUs and clock, and compare every asset; on a difference, name the first differing
+archive member and field."""
 
 from __future__ import annotations
 
@@ -74,6 +75,13 @@ def compare_asset_dirs(first: Path, second: Path) -> list[str]:
     return differences
 
 
+def _restrict(umask: int, one_cpu: bool) -> None:
+    """In the child before exec: set the umask and, for the second build, allow a single CPU."""
+    os.umask(umask)
+    if one_cpu:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
 def build_twice(bundle_args: Sequence[str], work: Path | None = None) -> tuple[Path, Path]:
     """Run ``vllm-bundle bundle`` twice into separate build and asset directories; returns both."""
     base = Path(work or tempfile.mkdtemp(prefix="vllm-bundle-repro-"))
@@ -99,7 +107,7 @@ def build_twice(bundle_args: Sequence[str], work: Path | None = None) -> tuple[P
         result = subprocess.run(
             command,
             env={**os.environ, **env},
-            preexec_fn=functools.partial(os.umask, umask),
+            preexec_fn=functools.partial(_restrict, umask, index == 1),
             capture_output=True,
             text=True,
             check=False,
