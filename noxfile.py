@@ -78,3 +78,9 @@ def bundle(session: nox.Session) -> None:
 def verify_repro(session: nox.Session) -> None:
     """Build twice (other directories, umask, time zone, clock) and compare every asset byte by byte."""
     _cli(session, "verify-repro")
+
+
+@nox.session
+def qualify(session: nox.Session) -> None:
+    """Tier 0 checks of a bundle tree, archive or parts directory: `nox -s qualify -- build/gfx1151/root`."""
+    _cli(session, "qualify")

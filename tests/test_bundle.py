@@ -159,6 +159,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
         "vllm-wheel": "cached",
         "app": "cached",
         "root": "built",
+        "qualify": "built",
         "release": "built",
     }
     assert "# a new line in the template" in (build / "gfx1151" / "root" / "bin" / "vllm-server").read_text()
@@ -240,7 +241,7 @@ KILLER = textwrap.dedent("""
             details = build(tmp)  # the stage's work is done in its temporary directory...
             os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
         return original(out, name, version, inputs, dying, True)
-    for module in ("python_stage", "assemble", "vllm_source", "vllm_build", "release"):
+    for module in ("python_stage", "assemble", "vllm_source", "vllm_build", "qualify", "release"):
         __import__(f"vllm_bundle.{module}")
         setattr(sys.modules[f"vllm_bundle.{module}"], "run_stage", run_stage)
     from vllm_bundle.cli import main

@@ -277,7 +277,7 @@ def test_two_concurrent_fetches_share_one_cache(
 ) -> None:
     # Slow the biggest file down so that both processes are in flight together.
     upstream.inject("*", Fault("throttle", times=None, rate=8_000_000))
-    command = [
+    command: list[str | Path] = [
         "fetch",
         "gfx1151",
         "--recipes",

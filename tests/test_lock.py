@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
 
 
-def lock_docs(recipes: Path, target: str = "gfx1151", channel: str = "stable") -> tuple[dict, dict]:
+def lock_docs(recipes: Path, target: str = "gfx1151", channel: str = "stable") -> tuple[dict[str, Any], dict[str, Any]]:
     with (recipes / "locks" / channel / f"{target}.toml").open("rb") as f:
         lock = tomllib.load(f)
     with (recipes / "locks" / channel / f"pylock.{target}.toml").open("rb") as f:
@@ -176,7 +177,7 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
     assert vllm["wheels"][0]["url"].endswith(f"vllm-0.33.0+rocm{ROCM_VERSION}-{CP}-{CP}-linux_x86_64.whl")
     assert {"fastapi", "regex", "torch"} <= {p["name"] for p in pylock["packages"]}, "the wheel's own closure"
 
-    common = [
+    common: list[str | Path] = [
         "--recipes",
         recipes,
         "--cache-dir",

@@ -24,10 +24,11 @@ from vllm_bundle.errors import BundleError
 from vllm_bundle.launcher import render_launcher
 from vllm_bundle.prune import PruneRules, prune
 from vllm_bundle.recipes import AttentionRule
+from vllm_bundle.records import refresh_records
 from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
 from vllm_bundle.stage import StageResult, run_stage
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
 CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
@@ -119,6 +120,7 @@ def app_stage(
         shebangs = fix_shebangs(tmp, f"python{minor}")
         rpaths = fix_rpaths(tmp, build_dir)
         report = prune(tmp, rules)
+        refresh_records(layout.site, {*shebangs, *rpaths})
         check_no_build_paths(tmp, build_dir)
         return {"shebangs": len(shebangs), "rpaths": len(rpaths), "sizes": report}
 

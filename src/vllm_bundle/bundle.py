@@ -26,13 +26,14 @@ from vllm_bundle.manifests import sha256_file
 from vllm_bundle.progress import human_size
 from vllm_bundle.prune import load_prune_rules
 from vllm_bundle.python_stage import python_stage
+from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Recipes
 from vllm_bundle.release import ReleaseOptions, release_stage
 from vllm_bundle.stage import StageResult, stage_key
 from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
 
-STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "release")
+STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
 
 
 @dataclass
@@ -44,6 +45,7 @@ class BundleRun:
     fetch_seconds: float = 0.0
     downloaded: int = 0
     release_dir: Path | None = None
+    report: Path | None = None
 
     @property
     def root(self) -> Path:
@@ -82,6 +84,7 @@ def build_bundle(
     starting: Callable[[str], None] = lambda name: None,
     release: ReleaseOptions | None = None,
     bundles_dir: Path = Path("bundles"),
+    warn_only: bool = False,
 ) -> BundleRun:
     """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive)."""
     unknown = set(force) - set(STAGES)
@@ -134,6 +137,13 @@ def build_bundle(
             "root" in force,
         )
     )
+    begin("qualify")
+    checked = step(
+        qualify_stage(root, minor, target, load_rules(recipes.root), base, base / "qualify", "qualify" in force)
+    )
+    run.report = checked.path / REPORT
+    if not checked.details.get("passed") and not warn_only:
+        raise failure_message(read_report(run.report), run.report)
     if release is not None:
         begin("release")
         wheel_name = str(vllm.details["wheel"])

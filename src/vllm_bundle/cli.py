@@ -25,6 +25,17 @@ from vllm_bundle.locker import Sources, check_lock, make_lock
 from vllm_bundle.lockfile import atomic_write, read_lock, wheel_artifacts
 from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
 from vllm_bundle.progress import human_size, make_reporter
+from vllm_bundle.qualify import (
+    SHOWN,
+    Report,
+    bundle_root,
+    detect_minor,
+    detect_target,
+    failure_message,
+    load_rules,
+    qualify_tree,
+    read_report,
+)
 from vllm_bundle.recipes import Recipes, load_recipes
 from vllm_bundle.release import REPO_ENV, ReleaseOptions, default_repo
 from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs
@@ -256,7 +267,10 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             starting=starting,
             release=release,
             bundles_dir=args.bundles_dir,
+            warn_only=args.warn_only,
         )
+    if run.report is not None:
+        _print_report(read_report(run.report), run.report)
     for line in summary_lines(run):
         print(line)
     return 0
@@ -283,6 +297,31 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
     print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
+    return 0
+
+
+def _print_report(report: Report, path: Path) -> None:
+    print(f"tier 0 qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
+    for check in report.checks:
+        print(f"  {'ok  ' if check.passed else 'FAIL'} {check.name:<18} {check.summary}")
+        for problem in check.problems[:SHOWN]:
+            print(f"       - {problem}")
+        if len(check.problems) > SHOWN:
+            print(f"       - ... and {len(check.problems) - SHOWN} more")
+
+
+def cmd_qualify(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    with bundle_root(args.bundle) as root:
+        name = args.target or detect_target(root)
+        if name is None:
+            raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
+        report = qualify_tree(root, detect_minor(root), recipes.target(name), load_rules(recipes.root))
+    path = args.report or Path(f"qualification-{name}.json")
+    atomic_write(path, report.to_json())
+    _print_report(report, path)
+    if not report.passed and not args.warn_only:
+        raise failure_message(report, path)
     return 0
 
 
@@ -381,6 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"gzip level ({DEFAULT_LEVEL})",
     )
     bundle.add_argument("--no-archive", action="store_true", help="stop at the bundle tree (no release assets)")
+    bundle.add_argument("--warn-only", action="store_true", help="archive even when tier 0 qualification fails")
     bundle.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
     _common(bundle)
     bundle.set_defaults(func=cmd_bundle)
@@ -390,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--work", type=Path, default=None, help="where the two builds go (a new temp dir)")
     repro.epilog = "Every other option is passed to `bundle` (e.g. --recipes, --mirror, --repo)."
     repro.set_defaults(func=cmd_verify_repro)
+
+    qualify = verbs.add_parser("qualify", help="tier 0 checks of a bundle tree, an archive or a directory of parts")
+    qualify.add_argument("bundle", type=Path)
+    qualify.add_argument("--target", help="the bundle's target (default: read from its launcher)")
+    qualify.add_argument("--report", type=Path, help="where the JSON report goes (qualification-<target>.json)")
+    qualify.add_argument("--warn-only", action="store_true", help="exit 0 even when a check fails")
+    qualify.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    qualify.set_defaults(func=cmd_qualify)
 
     merge = verbs.add_parser("merge-manifests", help="merge several targets' backend_versions.json for one release")
     merge.add_argument("files", nargs="+", type=Path)

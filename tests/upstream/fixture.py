@@ -21,16 +21,17 @@ import platform
 import shutil
 import sys
 import sysconfig
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from vllm_bundle.elf import set_runpath
+from vllm_bundle.elf import dynamic_info, set_runpath
 
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 
-FIXTURE_PYTHON_REVISION = 1  # bump when _python_tree changes (the tarball is cached between runs)
+FIXTURE_PYTHON_REVISION = 2  # bump when _python_tree changes (the tarball is cached between runs)
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
@@ -152,9 +153,40 @@ def _python_tree(dest: Path) -> None:
     if (base / "lib" / "pkgconfig").is_dir():
         shutil.copytree(base / "lib" / "pkgconfig", top / "lib" / "pkgconfig", symlinks=True)
     set_runpath(top / "bin" / f"python{PYTHON_MINOR}", ["$ORIGIN/../lib"])
+    _self_contained(top)
     for path in [*top.rglob("_sysconfigdata_*.py"), *top.rglob("Makefile"), *top.rglob("*.pc")]:
         if path.is_file() and not path.is_symlink():
             path.write_text(path.read_text().replace(str(base), "/install"))
+
+
+_SYSTEM_LIB_DIRS = (Path("/lib/x86_64-linux-gnu"), Path("/usr/lib/x86_64-linux-gnu"))
+_ALLOWED = set(tomllib.loads((Path(__file__).parents[2] / "recipes" / "qualify.toml").read_text())["system-libraries"])
+
+
+def _self_contained(top: Path) -> None:
+    """Like python-build-standalone (which links its extension modules' libraries statically): copy the
+    host libraries the interpreter's modules need into ``lib/``, make every search path relative, and
+    leave out a module whose library this machine does not have."""
+    lib = top / "lib"
+    dynload = lib / f"python{PYTHON_MINOR}" / "lib-dynload"
+    pending = [*lib.glob("libpython*.so*"), *dynload.glob("*.so")]
+    while pending:
+        path = pending.pop()
+        if path.is_symlink() or not path.exists():
+            continue
+        info = dynamic_info(path)
+        for needed in info.needed if info else ():
+            if needed in _ALLOWED or needed.startswith("libpython") or (lib / needed).exists():
+                continue
+            found = next((d / needed for d in _SYSTEM_LIB_DIRS if (d / needed).exists()), None)
+            if found is None:
+                path.unlink()
+                break
+            shutil.copyfile(found.resolve(), lib / needed)
+            pending.append(lib / needed)
+        else:
+            relative = "$ORIGIN/../.." if path.parent == dynload else "$ORIGIN"
+            set_runpath(path, [relative])
 
 
 def _python_tarball(fx: Fixture, cache: Path | None) -> None:
@@ -523,8 +555,9 @@ def make_blob(fx: Fixture, name: str, size: int) -> Path:
     path = fx.root / "files" / name
     if not path.exists():
         seed = hashlib.sha256(name.encode()).digest()
-        blocks, block = [], seed
-        while sum(map(len, blocks)) < size:
+        blocks: list[bytes] = []
+        block = seed
+        while sum(len(b) for b in blocks) < size:
             block = hashlib.sha256(block).digest() * 64
             blocks.append(block)
         path.write_bytes(b"".join(blocks)[:size])

@@ -1,0 +1,366 @@
+"""Tier 0 qualification (no GPU): machine-checked evidence that a bundle is complete and
+self-contained, for a bundle tree, an archive or its parts.
+
+Checks: ELF closure (pyelftools: every DT_NEEDED resolves in the bundle or to the system allow-list),
+search paths relative, vLLM's native extensions' torch symbols defined by the bundled libraries,
+vLLM's torch requirement met, every RECORD entry present with its hash, device code for every ISA,
+launcher, interpreter, size budget, and a relocated import smoke test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from email.parser import Parser
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from vllm_bundle.assemble import Layout, library_dirs
+from vllm_bundle.elf import dynamic_info, is_elf
+from vllm_bundle.errors import BundleError, RecipeError
+from vllm_bundle.recipes import Target
+from vllm_bundle.records import verify_records
+from vllm_bundle.relocate import files_mentioning, regular_files
+from vllm_bundle.stage import StageResult, run_stage
+
+QUALIFY_FILE = "qualify.toml"
+TORCH_MANGLED = ("_ZN3c10", "_ZNK3c10", "_ZN2at", "_ZNK2at", "_ZN5torch", "_ZNK5torch")
+SHOWN = 5  # problems listed per check
+
+
+class QualificationError(BundleError):
+    """Tier 0 found a defect: the bundle is not fit to ship."""
+
+
+@dataclass(frozen=True)
+class QualifyRules:
+    system_libraries: frozenset[str]
+    system_library_dirs: tuple[str, ...]
+    smoke_imports: tuple[str, ...]
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    summary: str
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    target: str
+    checks: list[CheckResult]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def failures(self) -> list[CheckResult]:
+        return [check for check in self.checks if not check.passed]
+
+    def to_json(self) -> bytes:
+        doc = {"tier": 0, "target": self.target, "passed": self.passed, "checks": [asdict(c) for c in self.checks]}
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def load_rules(recipes_dir: Path) -> QualifyRules:
+    path = recipes_dir / QUALIFY_FILE
+    try:
+        doc = tomllib.loads(path.read_text())
+        return QualifyRules(
+            frozenset(doc["system-libraries"]), tuple(doc["system-library-dirs"]), tuple(doc["smoke-imports"])
+        )
+    except FileNotFoundError:
+        raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as err:
+        raise RecipeError(f"bad recipe {QUALIFY_FILE}: {err}") from None
+
+
+def _expand(entry: str, origin: Path) -> Path:
+    return Path(entry.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin)))
+
+
+def check_elf_closure(layout: Layout, rules: QualifyRules) -> CheckResult:
+    launcher_dirs = [layout.site / d for d in library_dirs(layout)] + [layout.root / "lib"]
+    problems, count = [], 0
+    for path in regular_files(layout.root):
+        if not is_elf(path):
+            continue
+        info = dynamic_info(path)
+        if info is None:
+            continue
+        count += 1
+        search = [_expand(e, path.parent) for e in (*info.rpath, *info.runpath) if e] + launcher_dirs
+        for needed in info.needed:
+            if needed in rules.system_libraries or any((d / needed).exists() for d in search):
+                continue
+            problems.append(
+                f"{path.relative_to(layout.root)} needs {needed}, found neither in the bundle "
+                "nor in the system allow-list"
+            )
+    return CheckResult("elf-closure", not problems, f"{count} ELF files, every DT_NEEDED resolved", problems)
+
+
+def check_search_paths(layout: Layout, rules: QualifyRules) -> CheckResult:
+    problems = []
+    for path in regular_files(layout.root):
+        info = dynamic_info(path) if is_elf(path) else None
+        for entry in (*info.rpath, *info.runpath) if info else ():
+            if entry and not entry.startswith(("$ORIGIN", "${ORIGIN}")) and entry not in rules.system_library_dirs:
+                problems.append(f"{path.relative_to(layout.root)} has an absolute RPATH/RUNPATH {entry}")
+    return CheckResult("search-paths", not problems, "RPATH/RUNPATH entries are $ORIGIN-relative", problems)
+
+
+def _dynamic_symbols(path: Path) -> tuple[set[str], set[str]]:
+    """(defined, undefined) dynamic symbols of an ELF file."""
+    defined: set[str] = set()
+    undefined: set[str] = set()
+    try:
+        with path.open("rb") as handle:
+            section = ELFFile(handle).get_section_by_name(".dynsym")
+            if isinstance(section, SymbolTableSection):
+                for symbol in section.iter_symbols():
+                    if not symbol.name or symbol["st_info"]["bind"] == "STB_LOCAL":
+                        continue
+                    (undefined if symbol["st_shndx"] == "SHN_UNDEF" else defined).add(symbol.name)
+    except (ELFError, OSError):
+        pass
+    return defined, undefined
+
+
+def check_torch_abi(layout: Layout) -> CheckResult:
+    extensions = (
+        [p for p in (layout.site / "vllm").rglob("*.so") if p.is_file()] if (layout.site / "vllm").is_dir() else []
+    )
+    if not extensions:
+        return CheckResult("torch-abi", True, "vLLM has no native extensions (Python-only build)")
+    provided: set[str] = set()
+    for directory in [layout.site / "torch" / "lib", *(layout.site / d for d in library_dirs(layout))]:
+        for library in sorted(directory.glob("*.so*")) if directory.is_dir() else []:
+            provided |= _dynamic_symbols(library)[0]
+    problems = []
+    for extension in extensions:
+        missing = sorted(s for s in _dynamic_symbols(extension)[1] if s.startswith(TORCH_MANGLED) and s not in provided)
+        problems += [
+            f"{extension.relative_to(layout.site)} needs {symbol}, which no bundled torch/ROCm library defines"
+            for symbol in missing
+        ]
+    return CheckResult(
+        "torch-abi", not problems, f"{len(extensions)} vLLM extensions link against the bundled torch", problems
+    )
+
+
+def _metadata(layout: Layout, name: str) -> tuple[str, list[str]] | None:
+    for info in layout.site.glob("*.dist-info"):
+        meta = Parser().parsestr((info / "METADATA").read_text(errors="replace"), headersonly=True)
+        if canonicalize_name(meta.get("Name", "")) == name:
+            return meta.get("Version", ""), meta.get_all("Requires-Dist") or []
+    return None
+
+
+def check_torch_requirement(layout: Layout) -> CheckResult:
+    vllm, torch = _metadata(layout, "vllm"), _metadata(layout, "torch")
+    if vllm is None or torch is None:
+        missing = "vllm" if vllm is None else "torch"
+        return CheckResult("torch-requirement", False, "vLLM and torch are installed", [f"{missing} is not installed"])
+    torch_version = Version(torch[0])
+    problems = []
+    for text in vllm[1]:
+        requirement = Requirement(text)
+        if (
+            canonicalize_name(requirement.name) == "torch"
+            and (requirement.marker is None or requirement.marker.evaluate())
+            and not requirement.specifier.contains(torch_version, prereleases=True)
+        ):
+            problems.append(f"vLLM requires {text}, the bundle has torch {torch_version}")
+    return CheckResult(
+        "torch-requirement", not problems, f"vLLM's torch requirement allows torch {torch_version}", problems
+    )
+
+
+def check_records(layout: Layout) -> CheckResult:
+    problems = verify_records(layout.site)
+    count = len(list(layout.site.glob("*.dist-info/RECORD")))
+    return CheckResult(
+        "records", not problems, f"{count} distributions: every RECORD file present, hashes match", problems
+    )
+
+
+def check_device_code(layout: Layout, target: Target) -> CheckResult:
+    hidden = [p for p in regular_files(layout.site) if ".kpack" in p.as_posix()]
+    problems = [f"no device code (.kpack) for {isa}" for isa in target.isas if not any(isa in p.name for p in hidden)]
+    return CheckResult("device-code", not problems, f"device code for {', '.join(target.isas)}", problems)
+
+
+def check_launcher(layout: Layout) -> CheckResult:
+    launcher, problems = layout.root / "bin" / "vllm-server", []
+    if not launcher.is_file():
+        return CheckResult("launcher", False, "bin/vllm-server", ["bin/vllm-server is missing"])
+    if not os.access(launcher, os.X_OK):
+        problems.append("bin/vllm-server is not executable")
+    syntax = subprocess.run(["sh", "-n", str(launcher)], capture_output=True, text=True, check=False)
+    if syntax.returncode != 0:
+        problems.append(f"bin/vllm-server is not valid sh: {syntax.stderr.strip()}")
+    if not layout.python.is_file() or not os.access(layout.python, os.X_OK):
+        problems.append(f"the bundled interpreter {layout.python.relative_to(layout.root)} is missing")
+    return CheckResult("launcher", not problems, "launcher valid and executable; interpreter present", problems)
+
+
+def check_build_paths(layout: Layout, build_dir: Path | None) -> CheckResult:
+    if build_dir is None:
+        return CheckResult("build-paths", True, "no build directory to look for (archive given)")
+    hits = files_mentioning(layout.root, str(build_dir.resolve()).encode())
+    problems = [f"{p.relative_to(layout.root)} names the build directory {build_dir.resolve()}" for p in hits]
+    return CheckResult("build-paths", not problems, "no file names the build directory", problems)
+
+
+def check_size(layout: Layout, target: Target) -> CheckResult:
+    size = sum(p.stat().st_size for p in regular_files(layout.root))
+    budget = int(target.size_budget_gib * 2**30)
+    problems = (
+        []
+        if size <= budget
+        else [f"the bundle is {size / 2**30:.2f} GiB, over its {target.size_budget_gib} GiB budget"]
+    )
+    return CheckResult("size", not problems, f"{size / 2**30:.2f} GiB of {target.size_budget_gib} GiB", problems)
+
+
+def check_relocated_smoke(layout: Layout, rules: QualifyRules) -> CheckResult:
+    with tempfile.TemporaryDirectory(prefix="vllm-bundle-smoke-") as tmp:
+        moved = Path(tmp) / "moved bundle"
+        shutil.copytree(layout.root, moved, symlinks=True)
+        there = Layout(moved, layout.minor)
+        env = {"LD_LIBRARY_PATH": ":".join(str(there.site / d) for d in library_dirs(there)), "PYTHONNOUSERSITE": "1"}
+        code = "; ".join(f"import {module}" for module in rules.smoke_imports)
+        result = subprocess.run(
+            [str(there.python), "-P", "-c", code], env=env, capture_output=True, text=True, check=False, timeout=600
+        )
+    problems = [] if result.returncode == 0 else [f"import failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}"]
+    return CheckResult(
+        "relocated-smoke", not problems, f"moved elsewhere, imports {', '.join(rules.smoke_imports)}", problems
+    )
+
+
+def qualify_tree(
+    root: Path,
+    minor: str,
+    target: Target,
+    rules: QualifyRules,
+    build_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda name: None,
+) -> Report:
+    layout = Layout(root, minor)
+    checks: list[Callable[[], CheckResult]] = [
+        lambda: check_elf_closure(layout, rules),
+        lambda: check_search_paths(layout, rules),
+        lambda: check_torch_abi(layout),
+        lambda: check_torch_requirement(layout),
+        lambda: check_records(layout),
+        lambda: check_device_code(layout, target),
+        lambda: check_launcher(layout),
+        lambda: check_build_paths(layout, build_dir),
+        lambda: check_size(layout, target),
+        lambda: check_relocated_smoke(layout, rules),
+    ]
+    results = []
+    for check in checks:
+        result = check()
+        progress(result.name)
+        results.append(result)
+    return Report(target.name, results)
+
+
+@contextmanager
+def bundle_root(source: Path) -> Iterator[Path]:
+    """A bundle directory as is; an archive or its parts extracted (as installers do) to a temp dir."""
+    if source.is_dir() and (source / "bin").is_dir():
+        yield source
+        return
+    parts = sorted(source.glob("*.part*-of-*.tar.gz")) if source.is_dir() else [source]
+    if not parts:
+        raise QualificationError(f"{source} is neither a bundle tree nor an archive or a directory of parts")
+    with tempfile.TemporaryDirectory(prefix="vllm-bundle-qualify-") as tmp:
+        archive, root = Path(tmp) / "bundle.tar.gz", Path(tmp) / "root"
+        with archive.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as handle:
+                    shutil.copyfileobj(handle, out)
+        root.mkdir()
+        result = subprocess.run(
+            ["tar", "-xzf", str(archive), "-C", str(root), "--strip-components=1", "--no-same-owner"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        archive.unlink()
+        if result.returncode != 0:
+            raise QualificationError(f"cannot extract {source}: {result.stderr.strip()}")
+        yield root
+
+
+STAGE_VERSION = 1
+REPORT = "qualification.json"
+
+
+def detect_minor(root: Path) -> str:
+    for candidate in sorted((root / "bin").glob("python3.*")):
+        if candidate.name.count(".") == 1 and candidate.name.removeprefix("python3.").isdigit():
+            return candidate.name.removeprefix("python")
+    raise QualificationError(f"{root} has no bin/python3.X", "is this a bundle?")
+
+
+def detect_target(root: Path) -> str | None:
+    """The target named in the launcher's header ("Generated by vllm-bundle for vLLM X (<target>)")."""
+    launcher = root / "bin" / "vllm-server"
+    if launcher.is_file():
+        for line in launcher.read_text(errors="replace").splitlines()[:5]:
+            if "Generated by vllm-bundle" in line and "(" in line:
+                return line.rsplit("(", 1)[1].split(")")[0]
+    return None
+
+
+def qualify_stage(
+    root: StageResult, minor: str, target: Target, rules: QualifyRules, build_dir: Path, out: Path, force: bool = False
+) -> StageResult:
+    """Stage ``qualify``: the tier 0 report of the bundle tree (cached with the tree it judged)."""
+    inputs = {
+        "root": root.key,
+        "rules": asdict(rules) | {"system_libraries": sorted(rules.system_libraries)},
+        "target": asdict(target),
+    }
+
+    def build(tmp: Path) -> dict[str, object]:
+        report = qualify_tree(root.path, minor, target, rules, build_dir)
+        (tmp / REPORT).write_bytes(report.to_json())
+        return {"passed": report.passed}
+
+    return run_stage(out, "qualify", STAGE_VERSION, inputs, build, force=force)
+
+
+def read_report(path: Path) -> Report:
+    doc = json.loads(path.read_text())
+    return Report(doc["target"], [CheckResult(**check) for check in doc["checks"]])
+
+
+def failure_message(report: Report, report_path: Path) -> QualificationError:
+    failed = report.failures()
+    first = failed[0]
+    detail = first.problems[0] if first.problems else first.summary
+    return QualificationError(
+        f"tier 0 qualification failed ({len(failed)} of {len(report.checks)} checks): {first.name}: {detail}",
+        f"see {report_path}; --warn-only to build anyway",
+    )

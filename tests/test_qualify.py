@@ -1,0 +1,159 @@
+"""Tier 0 qualification: passes on the fixture bundle, fails naming the cause on each planted defect."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_cli
+from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
+from vllm_bundle.elf import set_runpath
+
+SITE = f"lib/python{PYTHON_MINOR}/site-packages"
+
+
+@pytest.fixture
+def bundle(built: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "bundle"
+    shutil.copytree(built / "gfx1151" / "root", root, symlinks=True)
+    return root
+
+
+def qualify(path: Path, tmp_path: Path, locked: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return run_cli("qualify", path, "--recipes", locked, "--report", tmp_path / "report.json", *extra, timeout=300)
+
+
+def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    result = qualify(bundle, tmp_path, locked)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] and report["target"] == "gfx1151"
+    assert {c["name"] for c in report["checks"]} == {
+        "elf-closure",
+        "search-paths",
+        "torch-abi",
+        "torch-requirement",
+        "records",
+        "device-code",
+        "launcher",
+        "build-paths",
+        "size",
+        "relocated-smoke",
+    }
+    assert "PASSED" in result.stdout
+
+
+def test_archive_parts_pass(built: Path, tmp_path: Path, locked: Path) -> None:
+    parts = built.parent / "bundles" / f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
+    result = qualify(parts, tmp_path, locked)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_qualification_ran_inside_the_bundle_build(built: Path) -> None:
+    report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
+    assert report["passed"]
+
+
+def _compile_extension(path: Path, symbol: str) -> None:
+    source = path.with_suffix(".c")
+    source.write_text(f"extern int {symbol};\nint use(void) {{ return {symbol}; }}\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+    source.unlink()
+
+
+def _drop_comgr(root: Path) -> None:
+    (root / SITE / "_rocm_sdk_core/lib/libamd_comgr.so.3").unlink()
+
+
+def _drop_kpack(root: Path) -> None:
+    (root / SITE / "_rocm_sdk_libraries/lib/.kpack/rocblas_gfx1151.kpack").unlink()
+
+
+def _edit_torch(root: Path) -> None:
+    """Same-size tampering, so only the hash (not the size) can catch it."""
+    target = root / SITE / "torch/__init__.py"
+    content = target.read_bytes()
+    target.write_bytes(content[:-2] + b"#\n")
+
+
+def _absolute_rpath(root: Path) -> None:
+    set_runpath(root / SITE / "torch/lib/libtorch_hip.so", ["/home/builder/build/gfx1151/site/lib"])
+
+
+def _break_launcher(root: Path) -> None:
+    launcher = root / "bin" / "vllm-server"
+    launcher.write_text(launcher.read_text().replace("esac\n    done", "esac\n    don"))
+
+
+def _torch_mismatch(root: Path) -> None:
+    (metadata,) = (root / SITE).glob("vllm-*.dist-info/METADATA")
+    metadata.write_text(metadata.read_text() + "Requires-Dist: torch==2.9.0\n")
+
+
+def _undefined_torch_symbol(root: Path) -> None:
+    _compile_extension(root / SITE / "vllm/_C.abi3.so", "_ZN3c1019UndefinedTensorImpl10_singletonE")
+
+
+@pytest.mark.parametrize(
+    ("defect", "check", "cause"),
+    [
+        (_drop_comgr, "elf-closure", "libamdhip64.so.7 needs libamd_comgr.so.3"),
+        (_drop_kpack, "records", "_rocm_sdk_libraries/lib/.kpack/rocblas_gfx1151.kpack, which is missing"),
+        (_edit_torch, "records", "torch/__init__.py does not match its RECORD hash"),
+        (_absolute_rpath, "search-paths", "absolute RPATH/RUNPATH /home/builder/build/gfx1151/site/lib"),
+        (_break_launcher, "launcher", "bin/vllm-server is not valid sh"),
+        (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.12.0+rocm"),
+        (_undefined_torch_symbol, "torch-abi", "needs _ZN3c1019UndefinedTensorImpl10_singletonE"),
+    ],
+)
+def test_planted_defect_is_named(
+    bundle: Path, tmp_path: Path, locked: Path, defect: Callable[[Path], None], check: str, cause: str
+) -> None:
+    defect(bundle)
+    result = qualify(bundle, tmp_path, locked)
+    assert_one_line_error(result, "tier 0 qualification failed", "--warn-only")
+    report = json.loads((tmp_path / "report.json").read_text())
+    failed = {c["name"]: c["problems"] for c in report["checks"] if not c["passed"]}
+    assert check in failed, failed
+    assert any(cause in problem for problem in failed[check]), failed[check]
+    assert f"FAIL {check}" in result.stdout
+    assert qualify(bundle, tmp_path, locked, "--warn-only").returncode == 0
+
+
+def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: Path, upstream) -> None:  # type: ignore[no-untyped-def]
+    """The bundle pipeline stops before the release assets when tier 0 fails."""
+    build = tmp_path / "build"
+    shutil.copytree(built, build, symlinks=True)
+    launcher = build / "gfx1151" / "root" / "bin" / "vllm-server"
+    launcher.unlink()
+    launcher.write_text("#!/bin/sh\nif then\n")
+    stamp = build / "gfx1151" / ".root.stage.json"
+    assert stamp.exists()
+    # The root stage is cached (its stamp still matches), so qualification is forced to look again.
+    result = run_cli(
+        "bundle",
+        "gfx1151",
+        "--recipes",
+        locked,
+        "--cache-dir",
+        built.parent / "cache",
+        "--mirror",
+        f"{upstream.url}/mirror/",
+        "--build-dir",
+        build,
+        "--bundles-dir",
+        tmp_path / "bundles",
+        "--repo",
+        "o/r",
+        "--plain",
+        "--force",
+        "qualify",
+        timeout=300,
+    )
+    assert_one_line_error(result, "tier 0 qualification failed", "launcher")
+    assert not (tmp_path / "bundles").exists()
