@@ -142,8 +142,9 @@ def build_bundle(
         qualify_stage(root, minor, target, load_rules(recipes.root), base, base / "qualify", "qualify" in force)
     )
     run.report = checked.path / REPORT
-    if not checked.details.get("passed") and not warn_only:
-        raise failure_message(read_report(run.report), run.report)
+    report = read_report(run.report)
+    if not report.passed and not warn_only:
+        raise failure_message(report, run.report)
     if release is not None:
         begin("release")
         wheel_name = str(vllm.details["wheel"])
@@ -160,6 +161,7 @@ def build_bundle(
                 wheel_hashes=hashes,
                 bundles_dir=bundles_dir,
                 options=release,
+                tier0={check.name: check.passed for check in report.checks},
                 force="release" in force,
             )
         )

@@ -64,6 +64,7 @@ class CheckResult:
 class Report:
     target: str
     checks: list[CheckResult]
+    tier: str = "0"
 
     @property
     def passed(self) -> bool:
@@ -73,7 +74,8 @@ class Report:
         return [check for check in self.checks if not check.passed]
 
     def to_json(self) -> bytes:
-        doc = {"tier": 0, "target": self.target, "passed": self.passed, "checks": [asdict(c) for c in self.checks]}
+        checks = [asdict(c) for c in self.checks]
+        doc = {"tier": self.tier, "target": self.target, "passed": self.passed, "checks": checks}
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -312,7 +314,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 REPORT = "qualification.json"
 
 
@@ -353,7 +355,7 @@ def qualify_stage(
 
 def read_report(path: Path) -> Report:
     doc = json.loads(path.read_text())
-    return Report(doc["target"], [CheckResult(**check) for check in doc["checks"]])
+    return Report(doc["target"], [CheckResult(**check) for check in doc["checks"]], str(doc["tier"]))
 
 
 def failure_message(report: Report, report_path: Path) -> QualificationError:
@@ -361,6 +363,7 @@ def failure_message(report: Report, report_path: Path) -> QualificationError:
     first = failed[0]
     detail = first.problems[0] if first.problems else first.summary
     return QualificationError(
-        f"tier 0 qualification failed ({len(failed)} of {len(report.checks)} checks): {first.name}: {detail}",
+        f"tier {report.tier} qualification failed ({len(failed)} of {len(report.checks)} checks): "
+        f"{first.name}: {detail}",
         f"see {report_path}; --warn-only to build anyway",
     )

@@ -3,7 +3,8 @@
 <tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball)
 <tag>-x64.partcount             MM (also for a single part)
 <tag>-x64.cdx.json              CycloneDX SBOM
-release.json                    tag, target, channel, versions, lock hash, source date, archive, parts
+release.json                    tag, target, channel, versions, lock hash, source date, archive, parts,
+                                qualification (tier 0 here; GPU tiers merged later)
 backend_versions.json           Lemonade's pin + checksums of every part
 SHA256SUMS                      of every other file here
 """
@@ -32,7 +33,7 @@ from vllm_bundle.manifests import (
 from vllm_bundle.sbom import build_sbom
 from vllm_bundle.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 REPO_ENV = "GITHUB_REPOSITORY"
 
 
@@ -76,9 +77,12 @@ def release_stage(
     wheel_hashes: Mapping[str, str],
     bundles_dir: Path,
     options: ReleaseOptions,
+    tier0: Mapping[str, bool],
     force: bool = False,
 ) -> StageResult:
-    """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part."""
+    """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part.
+    ``tier0`` maps each tier 0 check to whether it passed (recorded in release.json; GPU tiers add
+    theirs later, see :mod:`vllm_bundle.gpu_qualify`)."""
     tag = release_tag(vllm_version, lock.versions["rocm"], target)
     stem = f"{tag}-x64"
     date = source_date(lock, options.source_date)
@@ -92,6 +96,7 @@ def release_stage(
         "repo": options.repo,
         "versions": versions,
         "lock": lock_hash,
+        "tier0": dict(tier0),
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -112,6 +117,7 @@ def release_stage(
             "lock_sha256": lock_hash,
             "source_date_epoch": date,
             "archive": {"size": size, "sha256": digest, "format": "tar+gzip", "parts": part_entries},
+            "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
         }
         (tmp / RELEASE_JSON).write_bytes(dump_json(release))
         checksums = {p.path.name: p.sha256 for p in parts}

@@ -1,0 +1,111 @@
+"""A stand-in for ``vllm serve`` on 127.0.0.1: the OpenAI-compatible endpoints tier 2 uses, with faults.
+
+Run as the bundle's ``bin/vllm-server`` would be: ``python fake_openai.py --model M --port P ...``
+(unknown vLLM arguments are ignored). ``FAKE_OPENAI_FAULT`` picks one fault:
+
+crash             exit 3 at start with a HIP error, as a bundle built for the wrong GPU does
+unhealthy         /health answers 503 forever
+completion-500    POST /v1/completions (not streaming) answers 500
+chat-empty        the chat reply is empty
+stream-no-done    the event stream ends without ``data: [DONE]``
+nondeterministic  each completion differs (a counter in the text)
+ignore-sigterm    SIGTERM is ignored (only SIGKILL stops it)
+
+``FAKE_OPENAI_BOOT_SECONDS`` makes /health answer 503 that long first, as while a model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAULT = os.environ.get("FAKE_OPENAI_FAULT", "")
+BOOT_SECONDS = float(os.environ.get("FAKE_OPENAI_BOOT_SECONDS", "0"))
+STARTED = time.monotonic()
+COUNTER = itertools.count()
+ANSWER = " Paris. It is also the largest city of France."
+
+
+class Handler(BaseHTTPRequestHandler):
+    served_name = "model"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"fake-openai: {format % args}\n")
+
+    def _json(self, status: int, doc: dict[str, Any]) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        if self.path != "/health":
+            self._json(404, {"error": "not found"})
+        elif FAULT == "unhealthy" or time.monotonic() - STARTED < BOOT_SECONDS:
+            self._json(503, {"error": "loading"})
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        if request.get("model") != self.served_name:
+            self._json(404, {"error": f"the model {request.get('model')!r} does not exist"})
+        elif self.path == "/v1/completions" and request.get("stream"):
+            self._stream()
+        elif self.path == "/v1/completions":
+            if FAULT == "completion-500":
+                self._json(500, {"error": "HIP error: an illegal memory access was encountered"})
+                return
+            suffix = f" ({next(COUNTER)})" if FAULT == "nondeterministic" else ""
+            self._json(200, {"object": "text_completion", "choices": [{"index": 0, "text": ANSWER + suffix}]})
+        elif self.path == "/v1/chat/completions":
+            content = "" if FAULT == "chat-empty" else "Hello!"
+            message = {"role": "assistant", "content": content}
+            self._json(200, {"object": "chat.completion", "choices": [{"index": 0, "message": message}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def _stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for word in ANSWER.split(" ")[1:]:
+            chunk = {"object": "text_completion", "choices": [{"index": 0, "text": " " + word}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+        if FAULT != "stream-no-done":
+            self.wfile.write(b"data: [DONE]\n\n")
+        self.close_connection = True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--served-model-name", default="model")
+    args, _ = parser.parse_known_args()
+    if FAULT == "crash":
+        sys.stderr.write("RuntimeError: HIP error: invalid device function\n")
+        raise SystemExit(3)
+    if FAULT == "ignore-sigterm":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    assert args.host in ("127.0.0.1", "localhost"), "tests serve on loopback only"
+    Handler.served_name = args.served_model_name
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
