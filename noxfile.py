@@ -84,3 +84,15 @@ def verify_repro(session: nox.Session) -> None:
 def qualify(session: nox.Session) -> None:
     """Tier 0 checks of a bundle tree, archive or parts directory: `nox -s qualify -- build/gfx1151/root`."""
     _cli(session, "qualify")
+
+
+@nox.session
+def install(session: nox.Session) -> None:
+    """Install a release: `nox -s install -- <release URL | dir | backend_versions.json> [--target auto]`."""
+    _cli(session, "install")
+
+
+@nox.session(name="qualify-gpu")
+def qualify_gpu(session: nox.Session) -> None:
+    """Tier 1/2 on a GPU runner: `nox -s qualify-gpu -- bundles/<tag> --model <dir> --release-dir bundles/<tag>`."""
+    _cli(session, "qualify-gpu")

@@ -141,7 +141,16 @@ def test_cli_runs_both_tiers_and_merges_into_release_json(built: Path, tmp_path:
         "--boot-timeout",
         "20",
     ]
-    result = run_cli(*args, "--report", tmp_path / "gpu.json", "--release-dir", release, timeout=120)
+    result = run_cli(
+        *args,
+        "--report",
+        tmp_path / "gpu.json",
+        "--log",
+        tmp_path / "server.log",
+        "--release-dir",
+        release,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tier 1+2 qualification: PASSED" in result.stdout
     after = json.loads((release / "release.json").read_text())
@@ -158,7 +167,11 @@ def test_cli_refuses_the_wrong_gpu_in_one_line_and_records_it(built: Path, tmp_p
     release = tmp_path / "release"
     shutil.copytree(built.parent / "bundles" / f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151", release)
     result = run_cli(
-        "qualify-gpu", tmp_path / "bundle", "--model", "m", "--recipes", locked, "--release-dir", release, timeout=60
+        "qualify-gpu",
+        tmp_path / "bundle",
+        *("--model", "m", "--recipes", locked, "--release-dir", release),
+        *("--report", tmp_path / "gpu.json", "--log", tmp_path / "server.log"),
+        timeout=60,
     )
     assert_one_line_error(result, "tier 1+2 qualification failed", "gcn-arch: GPU 0 is gfx1100")
     merged = json.loads((release / "release.json").read_text())["qualification"]["tier1+2"]

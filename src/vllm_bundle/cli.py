@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from platformdirs import user_data_path
 from rich.console import Console
 
 from vllm_bundle import __version__
@@ -21,6 +22,9 @@ from vllm_bundle.bundle import STAGES, build_bundle, summary_lines
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
 from vllm_bundle.errors import BundleError, LockError, RecipeError
 from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.gpu_detect import detect_isas, target_for_isas
+from vllm_bundle.gpu_qualify import ServeOptions, merge_into_release, qualify_gpu
+from vllm_bundle.install import InstallError, install_release, release_from_assets, release_from_pins
 from vllm_bundle.locker import Sources, check_lock, make_lock
 from vllm_bundle.lockfile import atomic_write, read_lock, wheel_artifacts
 from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
@@ -301,7 +305,7 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: Report, path: Path) -> None:
-    print(f"tier 0 qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
+    print(f"tier {report.tier} qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
     for check in report.checks:
         print(f"  {'ok  ' if check.passed else 'FAIL'} {check.name:<18} {check.summary}")
         for problem in check.problems[:SHOWN]:
@@ -322,6 +326,63 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     _print_report(report, path)
     if not report.passed and not args.warn_only:
         raise failure_message(report, path)
+    return 0
+
+
+def cmd_qualify_gpu(args: argparse.Namespace) -> int:
+    recipes = _recipes(args)
+    options = ServeOptions(
+        model=args.model, max_model_len=args.max_model_len, boot_timeout=args.boot_timeout, port=args.port
+    )
+    with bundle_root(args.bundle) as root:
+        name = args.target or detect_target(root)
+        if name is None:
+            raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
+        log = args.log or Path(f"vllm-server-{name}.log").resolve()
+        report = qualify_gpu(root, detect_minor(root), recipes.target(name), args.tiers, options, log)
+    path = args.report or Path(f"qualification-gpu-{name}.json")
+    atomic_write(path, report.to_json())
+    _print_report(report, path)
+    if args.release_dir is not None:
+        merge_into_release(args.release_dir, report, args.model)
+        print(f"recorded in {args.release_dir / 'release.json'} (SHA256SUMS updated)")
+    if not report.passed:
+        raise failure_message(report, path)
+    return 0
+
+
+def _install_target(args: argparse.Namespace) -> str | None:
+    """The target asked for: a name, or (``auto``) the one covering this machine's GPU."""
+    if args.target != "auto":
+        return str(args.target) if args.target else None
+    isas = detect_isas()
+    name = target_for_isas(_recipes(args), isas)
+    print(f"this machine's GPU: {', '.join(isas)} -> target {name}")
+    return name
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
+    target = _install_target(args)
+    source = str(args.source)
+    if source.endswith(".json") and Path(source).is_file():
+        if target is None:
+            raise RecipeError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
+        release = release_from_pins(Path(source), _recipes(args).target(target).name, args.mirror)
+    else:
+        release = release_from_assets(source, policy)
+        if target is not None and release.target != target:
+            raise InstallError(f"{source} is the {release.target} release, not {target}", "pick that target's release")
+    dest = args.dest or user_data_path("vllm-bundle") / release.target
+    fetcher = Fetcher(
+        Cache(args.cache_dir or default_cache_dir()),
+        make_reporter(sum(release.sizes.values()) or None, plain=True if args.plain else None),
+        policy=policy,
+        mirror=None if release.is_url() else release.location,
+        jobs=args.jobs,
+    )
+    with fetcher:
+        install_release(release, dest, fetcher, policy)
     return 0
 
 
@@ -438,6 +499,30 @@ def build_parser() -> argparse.ArgumentParser:
     qualify.add_argument("--warn-only", action="store_true", help="exit 0 even when a check fails")
     qualify.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
     qualify.set_defaults(func=cmd_qualify)
+
+    gpu = verbs.add_parser("qualify-gpu", help="tier 1/2 checks on a machine with the target GPU")
+    gpu.add_argument("bundle", type=Path, help="bundle tree, archive or directory of parts")
+    gpu.add_argument("--model", required=True, help="a small model (directory or hub id) for vllm-server")
+    gpu.add_argument("--target", help="the bundle's target (default: read from its launcher)")
+    gpu.add_argument("--tiers", type=int, choices=(1, 2), default=2, help="1: probe only; 2: also serve (default)")
+    gpu.add_argument("--port", type=int, help="port for vllm-server on 127.0.0.1 (default: a free one)")
+    gpu.add_argument("--boot-timeout", type=float, default=900.0, help="seconds to wait for /health (900)")
+    gpu.add_argument("--max-model-len", type=int, default=2048, help="passed to vllm-server (2048)")
+    gpu.add_argument("--report", type=Path, help="JSON report (qualification-gpu-<target>.json)")
+    gpu.add_argument("--log", type=Path, help="vllm-server's output (vllm-server-<target>.log)")
+    gpu.add_argument("--release-dir", type=Path, help="merge the outcome into this release's release.json")
+    gpu.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    gpu.set_defaults(func=cmd_qualify_gpu)
+
+    install = verbs.add_parser("install", help="install a released bundle (verified, atomic, resumable)")
+    install.add_argument(
+        "source", help="release URL (…/releases/download/<tag>/), release directory, or backend_versions.json"
+    )
+    install.add_argument("--target", help="the target to install (required with backend_versions.json), or auto")
+    install.add_argument("--dest", type=Path, help="install directory (default: the user data dir/<target>)")
+    install.add_argument("--mirror", help="with backend_versions.json: an URL or directory serving the assets")
+    _common(install)
+    install.set_defaults(func=cmd_install)
 
     merge = verbs.add_parser("merge-manifests", help="merge several targets' backend_versions.json for one release")
     merge.add_argument("files", nargs="+", type=Path)

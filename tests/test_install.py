@@ -1,0 +1,137 @@
+"""``vllm-bundle install``: the fixture release from a loopback server, tampering, resume, idempotence."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_one_line_error, run_cli, tree_digest
+from tests.upstream.fixture import ROCM_VERSION
+from tests.upstream.server import Fault, UpstreamServer
+
+TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
+STEM = f"{TAG}-x64"
+
+
+@pytest.fixture(scope="module")
+def served(built: Path, _server: UpstreamServer) -> str:
+    """The fixture release published under ``/releases/download/<tag>/`` on the loopback server."""
+    published = _server.root / "releases" / "download" / TAG
+    if not published.exists():
+        shutil.copytree(built.parent / "bundles" / TAG, published)
+    return f"{_server.url}/releases/download/{TAG}/"
+
+
+def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]
+    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *extra, timeout=300)
+
+
+def part_paths(upstream: UpstreamServer) -> list[str]:
+    return [r.path for r in upstream.log if r.method == "GET" and ".part" in r.path and r.path.endswith(".tar.gz")]
+
+
+def without_version(tree: dict[str, str]) -> dict[str, str]:
+    return {name: digest for name, digest in tree.items() if name != "version.txt"}
+
+
+def test_installs_the_release_and_again_does_nothing(
+    served: str, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "opt" / "vllm"
+    first = install(served, dest, tmp_path / "cache")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert (dest / "version.txt").read_bytes() == TAG.encode(), "the tag, no newline"
+    assert without_version(tree_digest(dest)) == tree_digest(built / "gfx1151" / "root")
+    count = int((built.parent / "bundles" / TAG / f"{STEM}.partcount").read_text())
+    assert len(set(part_paths(upstream))) == count
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".vllm.lock", "vllm"], "no staging left behind"
+
+    upstream.log.clear()
+    inode = dest.stat().st_ino
+    again = install(served, dest, tmp_path / "cache")
+    assert again.returncode == 0, again.stderr
+    assert "already installed" in again.stdout
+    assert part_paths(upstream) == [] and dest.stat().st_ino == inode
+
+
+def test_a_tampered_part_is_refused_with_nothing_changed(
+    served: str, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    dest = tmp_path / "vllm"
+    assert install(served, dest, tmp_path / "cache").returncode == 0
+    (dest / "version.txt").write_text("vllm0.32.0-rocm7.13.0-gfx1151")  # an older install is in place
+    before = tree_digest(dest)
+
+    tampered = upstream.root / "tampered" / TAG
+    shutil.copytree(built.parent / "bundles" / TAG, tampered)
+    part = tampered / f"{STEM}.part02-of-{(tampered / f'{STEM}.partcount').read_text()}.tar.gz"
+    data = bytearray(part.read_bytes())
+    data[1000] ^= 0xFF  # same size, other bytes
+    part.write_bytes(bytes(data))
+    result = install(f"{upstream.url}/tampered/{TAG}/", dest, tmp_path / "fresh-cache")
+    assert_one_line_error(result, part.name, "sha256")
+    assert tree_digest(dest) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.lock", "vllm"]
+    bad = hashlib.sha256(data).hexdigest()
+    cached = [p for p in (tmp_path / "fresh-cache").rglob("*") if p.is_file()]
+    assert all(hashlib.sha256(p.read_bytes()).hexdigest() != bad for p in cached), "bad bytes were cached"
+
+
+def test_a_cut_connection_is_resumed(served: str, upstream: UpstreamServer, built: Path, tmp_path: Path) -> None:
+    first_part = sorted((built.parent / "bundles" / TAG).glob(f"{STEM}.part01-of-*.tar.gz"))[0]
+    path = f"/releases/download/{TAG}/{first_part.name}"
+    upstream.inject(path, Fault("cut", after=3_000_000))
+    result = install(served, tmp_path / "vllm", tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranges = [r.range for r in upstream.requests_for(path)]
+    assert ranges == [None, "bytes=3000000-"], ranges
+    assert upstream.body_bytes(path) == first_part.stat().st_size, "only the remainder was fetched again"
+
+
+def test_installs_from_backend_versions_json_and_a_target(served: str, built: Path, tmp_path: Path) -> None:
+    pins = built.parent / "bundles" / TAG / "backend_versions.json"
+    result = install(pins, tmp_path / "vllm", tmp_path / "cache", "--target", "gfx1151", "--mirror", served)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "vllm" / "version.txt").read_text() == TAG
+    missing_target = install(pins, tmp_path / "other", tmp_path / "cache")
+    assert_one_line_error(missing_target, "--target")
+
+
+def test_a_release_for_another_target_is_refused(served: str, tmp_path: Path) -> None:
+    result = install(served, tmp_path / "vllm", tmp_path / "cache", "--target", "gfx110X")
+    assert_one_line_error(result, "is the gfx1151 release, not gfx110X")
+    assert not (tmp_path / "vllm").exists()
+
+
+def test_target_auto_refuses_a_machine_without_an_amd_gpu(served: str, tmp_path: Path) -> None:
+    sysfs = tmp_path / "no-gpu"
+    node = sysfs / "sys/class/kfd/kfd/topology/nodes/0"
+    node.mkdir(parents=True)
+    (node / "properties").write_text(CPU_NODE)
+    result = run_cli(
+        "install",
+        served,
+        "--dest",
+        tmp_path / "vllm",
+        "--target",
+        "auto",
+        env={"VLLM_BUNDLE_SYSTEM_ROOT": str(sysfs)},
+    )
+    assert_one_line_error(result, "no AMD GPU found", "--target")
+
+
+def test_release_json_must_match_partcount(served: str, upstream: UpstreamServer, built: Path, tmp_path: Path) -> None:
+    broken = upstream.root / "short" / TAG
+    shutil.copytree(built.parent / "bundles" / TAG, broken)
+    doc = json.loads((broken / "release.json").read_text())
+    doc["archive"]["parts"] = doc["archive"]["parts"][:-1]
+    (broken / "release.json").write_text(json.dumps(doc))
+    result = install(f"{upstream.url}/short/{TAG}/", tmp_path / "vllm", tmp_path / "cache")
+    assert_one_line_error(result, "partcount says")
+
+
+CPU_NODE = "cpu_cores_count 16\nsimd_count 0\ngfx_target_version 0\n"
