@@ -129,6 +129,18 @@ def test_wrong_pin_never_enters_the_cache(upstream: UpstreamServer, blob: Path, 
     assert not any(p.is_file() for p in (tmp_path / "cache" / "blobs").rglob("*"))
 
 
+def test_a_tampered_cache_entry_is_caught_when_verifying(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    """A cache restored from elsewhere (CI's cache service) is re-hashed with verify_cached."""
+    artifact = artifact_for(blob, upstream)
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    cached = fetcher.fetch_one(artifact)
+    cached.write_bytes(bytes(b ^ 0x01 for b in cached.read_bytes()))  # same size, other bytes
+    upstream.log.clear()
+    verifying, _ = make_fetcher(tmp_path / "cache", verify_cached=True)
+    assert verifying.fetch_one(artifact).read_bytes() == blob.read_bytes()
+    assert len(upstream.requests_for("/files/blob.bin")) == 1, "downloaded again"
+
+
 def test_5xx_and_429_bursts_are_retried_through(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
     artifact = artifact_for(blob, upstream)
     upstream.inject(

@@ -50,6 +50,7 @@ from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import outcomes_of, prepare_source
 
 DEFAULT_CHANNEL = "stable"
+VERIFY_CACHE_ENV = "VLLM_BUNDLE_VERIFY_CACHE"
 
 
 def _recipes(args: argparse.Namespace) -> Recipes:
@@ -73,6 +74,7 @@ def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
         mirror=None if args.verb == "lock" else args.mirror,  # lock applies --mirror itself
         offline=getattr(args, "offline", False),
         jobs=args.jobs,
+        verify_cached=args.verify_cache,
     )
 
 
@@ -380,6 +382,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         policy=policy,
         mirror=None if release.is_url() else release.location,
         jobs=args.jobs,
+        verify_cached=args.verify_cache,
     )
     with fetcher:
         install_release(release, dest, fetcher, policy)
@@ -418,6 +421,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="seconds a stalled download may stay silent before it is resumed",
     )
     parser.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+    parser.add_argument(
+        "--verify-cache",
+        action="store_true",
+        default=bool(os.environ.get(VERIFY_CACHE_ENV)),
+        help=f"re-hash cached files before use, for a cache restored from elsewhere (${VERIFY_CACHE_ENV}=1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,6 +128,7 @@ class Fetcher:
         mirror: str | None = None,
         offline: bool = False,
         jobs: int = 4,
+        verify_cached: bool = False,
     ) -> None:
         self.cache = cache
         self.reporter = reporter
@@ -135,6 +136,7 @@ class Fetcher:
         self.mirror = mirror
         self.offline = offline
         self.jobs = max(1, jobs)
+        self.verify_cached = verify_cached  # re-hash cache hits (a cache restored from elsewhere)
         self.session = make_session(self.policy, pool_size=self.jobs)
         self.bytes_transferred = 0  # body bytes received over the network in this run
 
@@ -168,7 +170,7 @@ class Fetcher:
 
     def fetch_one(self, artifact: Artifact, source: Source | None = None) -> Path:
         """Fetch one artifact from ``source`` (default: upstream, or --mirror) into the cache."""
-        if self.cache.has(artifact.sha256, artifact.size):
+        if self._cached(artifact):
             return self.cache.blob(artifact.sha256)
         if self.offline:
             self._require_cached([artifact])
@@ -195,6 +197,16 @@ class Fetcher:
                 raise self._disk_error(artifact, err) from None
             finally:
                 self.reporter.finish(artifact.filename, status)
+
+    def _cached(self, artifact: Artifact) -> bool:
+        """A cache hit; with ``verify_cached``, one whose bytes still hash to the pin (else dropped)."""
+        if not self.cache.has(artifact.sha256, artifact.size):
+            return False
+        if not self.verify_cached or sha256_of(self.cache.blob(artifact.sha256)) == artifact.sha256:
+            return True
+        self.reporter.note(f"cached {artifact.filename} does not match its sha256; dropped, downloading again")
+        self.cache.blob(artifact.sha256).unlink(missing_ok=True)
+        return False
 
     def __enter__(self) -> Fetcher:
         self.reporter.__enter__()
