@@ -15,6 +15,7 @@ from tests.upstream.server import Fault, UpstreamServer
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
+SYSFS = Path(__file__).parent / "data" / "sysfs"
 
 
 @pytest.fixture(scope="module")
@@ -107,21 +108,26 @@ def test_a_release_for_another_target_is_refused(served: str, tmp_path: Path) ->
     assert not (tmp_path / "vllm").exists()
 
 
-def test_target_auto_refuses_a_machine_without_an_amd_gpu(served: str, tmp_path: Path) -> None:
-    sysfs = tmp_path / "no-gpu"
-    node = sysfs / "sys/class/kfd/kfd/topology/nodes/0"
-    node.mkdir(parents=True)
-    (node / "properties").write_text(CPU_NODE)
-    result = run_cli(
-        "install",
-        served,
-        "--dest",
-        tmp_path / "vllm",
-        "--target",
-        "auto",
-        env={"VLLM_BUNDLE_SYSTEM_ROOT": str(sysfs)},
+def _install_auto(served: str, tmp_path: Path, machine: str):  # type: ignore[no-untyped-def]
+    env = {"VLLM_BUNDLE_SYSTEM_ROOT": str(SYSFS / machine)}
+    return run_cli(
+        "install", served, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--target", "auto", env=env
     )
-    assert_one_line_error(result, "no AMD GPU found", "--target")
+
+
+def test_target_auto_refuses_a_machine_without_an_amd_gpu(served: str, tmp_path: Path) -> None:
+    assert_one_line_error(_install_auto(served, tmp_path, "cpu-only"), "no AMD GPU found", "--target")
+
+
+def test_target_auto_refuses_another_gpus_release(served: str, tmp_path: Path) -> None:
+    result = _install_auto(served, tmp_path, "desktop-gfx1100")
+    assert_one_line_error(result, "is the gfx1151 release, not gfx110X")
+
+
+def test_target_auto_installs_on_strix_halo(served: str, tmp_path: Path) -> None:
+    result = _install_auto(served, tmp_path, "strix-halo-gfx1151")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gfx1151 -> target gfx1151" in result.stdout
 
 
 def test_release_json_must_match_partcount(served: str, upstream: UpstreamServer, built: Path, tmp_path: Path) -> None:
@@ -132,6 +138,3 @@ def test_release_json_must_match_partcount(served: str, upstream: UpstreamServer
     (broken / "release.json").write_text(json.dumps(doc))
     result = install(f"{upstream.url}/short/{TAG}/", tmp_path / "vllm", tmp_path / "cache")
     assert_one_line_error(result, "partcount says")
-
-
-CPU_NODE = "cpu_cores_count 16\nsimd_count 0\ngfx_target_version 0\n"
