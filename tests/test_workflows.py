@@ -1,0 +1,139 @@
+"""The GitHub workflows: schema-valid, free of high-severity zizmor findings, actions pinned by hash,
+and wired to the same nox sessions a laptop runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_bundle.recipes import load_recipes
+
+ROOT = Path(__file__).parent.parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+
+
+def _tool(name: str) -> str:
+    """The console script installed beside this interpreter (nox's venv), else on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is a test dependency (pyproject's test group)"
+    return found
+
+
+def _load(path: Path) -> dict[Any, Any]:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _steps(doc: dict[Any, Any]) -> list[dict[str, Any]]:
+    return [step for job in doc["jobs"].values() for step in job.get("steps", [])]
+
+
+def test_the_three_workflows_exist() -> None:
+    assert {p.name for p in WORKFLOWS} == {"ci.yml", "release.yml", "refresh-locks.yml"}
+
+
+def test_workflows_match_the_vendored_github_schema() -> None:
+    files = [*map(str, WORKFLOWS)]
+    result = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    dependabot = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.dependabot", str(ROOT / ".github" / "dependabot.yml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dependabot.returncode == 0, dependabot.stdout + dependabot.stderr
+
+
+def test_zizmor_finds_nothing_high() -> None:
+    result = subprocess.run(
+        [_tool("zizmor"), "--offline", "--format", "json", "--no-exit-codes", str(ROOT / ".github" / "workflows")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    findings = json.loads(result.stdout)
+    severe = [
+        f"{f['ident']}: {f['desc']} ({f['locations'][0]['symbolic'].get('annotation', '')})"
+        for f in findings
+        if f["determinations"]["severity"] in ("High", "Medium") and not f.get("ignored")
+    ]
+    assert severe == []
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_version() -> None:
+    for path in WORKFLOWS:
+        text = path.read_text()
+        for line in text.splitlines():
+            if "uses:" in line:
+                ref = line.split("uses:", 1)[1].split("#")[0].strip()
+                assert PINNED.match(ref), f"{path.name}: {line.strip()} is not pinned to a commit"
+                assert re.search(r"# v\d+\.\d+\.\d+$", line), f"{path.name}: {line.strip()} lacks its version comment"
+
+
+def test_ci_runs_lint_and_the_readme_test_command() -> None:
+    runs = " ".join(step.get("run", "") for step in _steps(_load(ROOT / ".github/workflows/ci.yml")))
+    assert "nox -s lint" in runs and ".ci/run" in runs
+    assert "python3 -m nox -s tests" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_release_builds_each_target_with_the_pipelines_sessions() -> None:
+    doc = _load(ROOT / ".github/workflows/release.yml")
+    on = doc[True]  # YAML 1.1 reads the key `on` as a boolean
+    assert {"channel", "targets"} <= set(on["workflow_dispatch"]["inputs"]) and "schedule" in on
+    bundle = doc["jobs"]["bundle"]
+    assert bundle["strategy"]["matrix"]["target"] == "${{ fromJSON(needs.plan.outputs.targets) }}"
+    runs = [step.get("run", "") for step in bundle["steps"]]
+    order = [
+        next(i for i, r in enumerate(runs) if "nox -s lock -- --check" in r),
+        next(i for i, r in enumerate(runs) if "nox -s bundle" in r),
+        next(i for i, r in enumerate(runs) if "nox -s qualify" in r),
+    ]
+    assert order == sorted(order)
+    uses = {step.get("uses", "").split("@")[0]: step for step in bundle["steps"]}
+    assert "hashFiles(format('recipes/locks/" in uses["actions/cache"]["with"]["key"]
+    assert "actions/attest-build-provenance" in uses
+    assert uses["actions/upload-artifact"]["with"]["include-hidden-files"] is True
+    assert bundle["env"]["VLLM_BUNDLE_VERIFY_CACHE"] == "1", "a restored cache is re-hashed"
+
+
+def test_release_is_promoted_only_after_the_gpu_tiers() -> None:
+    jobs = _load(ROOT / ".github/workflows/release.yml")["jobs"]
+    publish = " ".join(step.get("run", "") for step in jobs["publish"]["steps"])
+    assert "--prerelease" in publish and "merge-manifests" in publish
+    gpu = jobs["gpu-qualify"]
+    assert gpu["runs-on"] == ["self-hosted", "linux", "gfx1151"] and "publish" in gpu["needs"]
+    runs = [step.get("run", "") for step in gpu["steps"]]
+    qualify = next(i for i, r in enumerate(runs) if "qualify-gpu" in r)
+    promote = next(i for i, r in enumerate(runs) if "--prerelease=false" in r)
+    assert qualify < promote, "promotion comes after tiers 1/2 (a failing step stops the job)"
+
+
+def test_refresh_locks_locks_every_target_and_channel_and_opens_a_pull_request() -> None:
+    runs = " ".join(step.get("run", "") for step in _steps(_load(ROOT / ".github/workflows/refresh-locks.yml")))
+    recipes = load_recipes(ROOT / "recipes")
+    assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.targets), list(recipes.targets)
+    assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.channels), list(recipes.channels)
+    assert "nox -s lock" in runs and "gh pr create" in runs
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_workflows_default_to_read_only_tokens(path: Path) -> None:
+    assert _load(path)["permissions"] == {"contents": "read"}
