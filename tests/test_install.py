@@ -138,3 +138,13 @@ def test_release_json_must_match_partcount(served: str, upstream: UpstreamServer
     (broken / "release.json").write_text(json.dumps(doc))
     result = install(f"{upstream.url}/short/{TAG}/", tmp_path / "vllm", tmp_path / "cache")
     assert_one_line_error(result, "partcount says")
+
+
+def test_installs_from_a_release_directory_without_network(
+    built: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    upstream.log.clear()
+    result = install(built.parent / "bundles" / TAG, tmp_path / "vllm", tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "vllm" / "version.txt").read_text() == TAG
+    assert upstream.log == []
