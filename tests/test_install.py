@@ -148,3 +148,15 @@ def test_installs_from_a_release_directory_without_network(
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "vllm" / "version.txt").read_text() == TAG
     assert upstream.log == []
+
+
+def test_a_newer_release_replaces_the_previous_install(built: Path, tmp_path: Path) -> None:
+    dest, assets = tmp_path / "vllm", built.parent / "bundles" / TAG
+    assert install(assets, dest, tmp_path / "cache").returncode == 0
+    (dest / "version.txt").write_text("vllm0.32.0-rocm7.13.0-gfx1151")  # what an older release left
+    (dest / "left-by-the-old-release").write_text("x")
+    result = install(assets, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (dest / "version.txt").read_text() == TAG and not (dest / "left-by-the-old-release").exists()
+    assert without_version(tree_digest(dest)) == tree_digest(built / "gfx1151" / "root")
+    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.lock", "vllm"]
