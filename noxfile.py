@@ -50,8 +50,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    _install(session, "lint")
-    session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
+    """ruff (lint and format) and mypy --strict over the package, the tests, the bench and this file."""
+    _install(session, "lint", "test")  # mypy reads the tests' imports too
+    session.install("nox>=2024.10.9")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
     session.run("mypy")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import importlib
 import json
 import platform
 import shutil
@@ -146,9 +147,8 @@ def _python_tree(dest: Path) -> None:
     )
     site = top / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
     site.mkdir()
-    import pip  # python-build-standalone's install_only builds ship pip
-
-    shutil.copytree(Path(pip.__file__).parent, site / "pip", ignore=shutil.ignore_patterns("__pycache__"))
+    pip = importlib.import_module("pip")  # python-build-standalone's install_only builds ship pip
+    shutil.copytree(Path(str(pip.__file__)).parent, site / "pip", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(Path(sysconfig.get_paths()["include"]), top / "include" / f"python{PYTHON_MINOR}")
     if (base / "lib" / "pkgconfig").is_dir():
         shutil.copytree(base / "lib" / "pkgconfig", top / "lib" / "pkgconfig", symlinks=True)
