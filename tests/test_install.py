@@ -160,3 +160,10 @@ def test_a_newer_release_replaces_the_previous_install(built: Path, tmp_path: Pa
     assert (dest / "version.txt").read_text() == TAG and not (dest / "left-by-the-old-release").exists()
     assert without_version(tree_digest(dest)) == tree_digest(built / "gfx1151" / "root")
     assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.lock", "vllm"]
+
+
+def test_an_unwritable_destination_is_one_line(built: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = install(built.parent / "bundles" / TAG, blocker / "vllm", tmp_path / "cache")
+    assert_one_line_error(result, "cannot install into", "--dest")

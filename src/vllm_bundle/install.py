@@ -241,20 +241,34 @@ def install_release(
 ) -> bool:
     """Install ``release`` at ``dest``; False when that tag was already installed there."""
     dest = dest.absolute()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(dest.with_name(f".{dest.name}.lock"))):
-        if installed_tag(dest) == release.tag:
-            say(f"{release.tag} is already installed in {dest}; nothing to do")
-            return False
-        artifacts = part_artifacts(release, policy)
-        say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
-        fetched = fetcher.fetch_all(artifacts)
-        with _staging(dest, release.tag) as staging:
-            extract_parts([fetched[a.sha256] for a in artifacts], staging)
-            launcher = staging / "bin" / "vllm-server"
-            if not launcher.is_file() or not os.access(launcher, os.X_OK):
-                raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
-            (staging / VERSION_FILE).write_text(release.tag)
-            swap_into_place(staging, dest)
-    say(f"installed {release.tag}: {dest / 'bin' / 'vllm-server'}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(dest.with_name(f".{dest.name}.lock"))):
+            installed = _install_locked(release, dest, fetcher, policy, say)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise DiskFullError(f"the disk under {dest.parent} is full", "free space and retry") from None
+        where = err.filename or dest.parent
+        raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
+    if installed:
+        say(f"installed {release.tag}: {dest / 'bin' / 'vllm-server'}")
+    return installed
+
+
+def _install_locked(
+    release: Release, dest: Path, fetcher: Fetcher, policy: RetryPolicy, say: Callable[[str], None]
+) -> bool:
+    if installed_tag(dest) == release.tag:
+        say(f"{release.tag} is already installed in {dest}; nothing to do")
+        return False
+    artifacts = part_artifacts(release, policy)
+    say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
+    fetched = fetcher.fetch_all(artifacts)
+    with _staging(dest, release.tag) as staging:
+        extract_parts([fetched[a.sha256] for a in artifacts], staging)
+        launcher = staging / "bin" / "vllm-server"
+        if not launcher.is_file() or not os.access(launcher, os.X_OK):
+            raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
+        (staging / VERSION_FILE).write_text(release.tag)
+        swap_into_place(staging, dest)
     return True
