@@ -200,28 +200,18 @@ TEST_REPO = "example-org/vllm-rocm-bundles"
 PART_SIZE = 8 * 1024 * 1024  # small parts, so the fixture bundle spans several
 
 
-def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return run_cli(
-        "bundle",
-        "gfx1151",
-        "--recipes",
-        locked,
-        "--cache-dir",
-        cache,
-        "--mirror",
-        f"{upstream.url}/mirror/",
-        "--build-dir",
-        build,
-        "--bundles-dir",
-        build.parent / "bundles",
-        "--repo",
-        TEST_REPO,
-        "--part-size",
-        str(PART_SIZE),
+def bundle_args(locked: Path, upstream: UpstreamServer, build: Path, cache: Path) -> list[str]:
+    """``bundle gfx1151`` against the fake upstream, assets in ``build``'s sibling ``bundles/``."""
+    return [
+        *("bundle", "gfx1151", "--recipes", str(locked), "--cache-dir", str(cache)),
+        *("--mirror", f"{upstream.url}/mirror/", "--build-dir", str(build)),
+        *("--bundles-dir", str(build.parent / "bundles"), "--repo", TEST_REPO, "--part-size", str(PART_SIZE)),
         "--plain",
-        *extra,
-        timeout=300,
-    )
+    ]
+
+
+def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return run_cli(*bundle_args(locked, upstream, build, cache), *extra, timeout=300)
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PART_SIZE, TEST_REPO, assert_one_line_error, bundle_cli, tree_digest
+from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.bundle import STAGES
@@ -128,23 +128,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
             sys.executable,
             "-c",
             script,
-            "bundle",
-            "gfx1151",
-            "--recipes",
-            str(locked),
-            "--cache-dir",
-            str(built.parent / "cache"),
-            "--mirror",
-            f"{upstream.url}/mirror/",
-            "--build-dir",
-            str(build),
-            "--bundles-dir",
-            str(build.parent / "bundles"),
-            "--repo",
-            TEST_REPO,
-            "--part-size",
-            str(PART_SIZE),
-            "--plain",
+            *bundle_args(locked, upstream, build, built.parent / "cache"),
         ],
         capture_output=True,
         text=True,
@@ -254,25 +238,7 @@ def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
     stage: str, locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
 ) -> None:
     build = tmp_path / "build"
-    args = [
-        "bundle",
-        "gfx1151",
-        "--recipes",
-        str(locked),
-        "--cache-dir",
-        str(built.parent / "cache"),
-        "--mirror",
-        f"{upstream.url}/mirror/",
-        "--build-dir",
-        str(build),
-        "--bundles-dir",
-        str(build.parent / "bundles"),
-        "--repo",
-        TEST_REPO,
-        "--part-size",
-        str(PART_SIZE),
-        "--plain",
-    ]
+    args = bundle_args(locked, upstream, build, built.parent / "cache")
     killed = subprocess.run([sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     target = build / "gfx1151"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from vllm_bundle.elf import set_runpath
 
@@ -135,25 +135,6 @@ def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: P
     stamp = build / "gfx1151" / ".root.stage.json"
     assert stamp.exists()
     # The root stage is cached (its stamp still matches), so qualification is forced to look again.
-    result = run_cli(
-        "bundle",
-        "gfx1151",
-        "--recipes",
-        locked,
-        "--cache-dir",
-        built.parent / "cache",
-        "--mirror",
-        f"{upstream.url}/mirror/",
-        "--build-dir",
-        build,
-        "--bundles-dir",
-        tmp_path / "bundles",
-        "--repo",
-        "o/r",
-        "--plain",
-        "--force",
-        "qualify",
-        timeout=300,
-    )
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "qualify")
     assert_one_line_error(result, "tier 0 qualification failed", "launcher")
     assert not (tmp_path / "bundles").exists()
