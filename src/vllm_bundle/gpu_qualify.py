@@ -29,7 +29,7 @@ import requests
 
 from vllm_bundle.assemble import Layout, library_dirs
 from vllm_bundle.lockfile import atomic_write
-from vllm_bundle.manifests import RELEASE_JSON, SHA256SUMS, ManifestError, dump_json, read_json, sha256sums
+from vllm_bundle.manifests import RELEASE_JSON, ManifestError, dump_json, read_json, write_sha256sums
 from vllm_bundle.qualify import CheckResult, Report
 from vllm_bundle.recipes import Target
 
@@ -380,5 +380,4 @@ def merge_into_release(release_dir: Path, report: Report, model: str) -> None:
         "model": model,
     }
     atomic_write(path, dump_json(release))
-    names = [p.name for p in release_dir.iterdir() if p.is_file() and p.name != SHA256SUMS and p.name[0] != "."]
-    atomic_write(release_dir / SHA256SUMS, sha256sums(release_dir, names))
+    write_sha256sums(release_dir)

@@ -57,6 +57,14 @@ def sha256sums(directory: Path, names: Sequence[str]) -> bytes:
     return "".join(f"{sha256_file(directory / name)}  {name}\n" for name in sorted(names)).encode()
 
 
+def write_sha256sums(directory: Path) -> None:
+    """``SHA256SUMS`` of every other (non-hidden) file in ``directory``, written atomically."""
+    names = [p.name for p in directory.iterdir() if p.is_file() and p.name != SHA256SUMS and p.name[0] != "."]
+    tmp = directory / f".{SHA256SUMS}.tmp"
+    tmp.write_bytes(sha256sums(directory, names))
+    tmp.replace(directory / SHA256SUMS)
+
+
 def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str]) -> dict[str, Any]:
     """Lemonade's format: the pin, and ``checksums.github.<repo>.<tag>.<asset> = sha256:<hex>`` per part."""
     if repo.count("/") != 1 or not all(repo.split("/")):

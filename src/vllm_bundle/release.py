@@ -24,11 +24,10 @@ from vllm_bundle.lockfile import Lock, lock_paths
 from vllm_bundle.manifests import (
     BACKEND_VERSIONS,
     RELEASE_JSON,
-    SHA256SUMS,
     backend_versions,
     dump_json,
     release_tag,
-    sha256sums,
+    write_sha256sums,
 )
 from vllm_bundle.sbom import build_sbom
 from vllm_bundle.stage import StageResult, file_digest, run_stage
@@ -122,8 +121,7 @@ def release_stage(
         (tmp / RELEASE_JSON).write_bytes(dump_json(release))
         checksums = {p.path.name: p.sha256 for p in parts}
         (tmp / BACKEND_VERSIONS).write_bytes(dump_json(backend_versions(tag, target, options.repo, checksums)))
-        names = [p.name for p in tmp.iterdir() if p.name != SHA256SUMS]
-        (tmp / SHA256SUMS).write_bytes(sha256sums(tmp, names))
+        write_sha256sums(tmp)
         for asset in tmp.iterdir():  # the same modes whatever the umask
             asset.chmod(0o644)
         tmp.chmod(0o755)
