@@ -20,8 +20,12 @@ from tests.upstream.fixture import PYTHON_RELEASE, PYTHON_VERSION, Fixture, buil
 from tests.upstream.server import UpstreamServer
 
 REPO = Path(__file__).resolve().parent.parent
-# Outlives a test run: real vLLM source releases from PyPI, the build venv, the fixture's CPython.
+# Built things that may outlive a run (the fixture's CPython, the build venv), each keyed by what made
+# it. .ci/run points this at a new directory every time, so a warm cache can never hide a failure that
+# a fresh machine would see.
 TEST_CACHE = Path(os.environ.get("VLLM_BUNDLE_TEST_CACHE") or user_cache_dir("vllm-bundle-tests", appauthor=False))
+# Downloads verified by sha256 (real vLLM source releases from PyPI): safe to reuse across runs.
+TEST_DOWNLOADS = Path(os.environ.get("VLLM_BUNDLE_TEST_DOWNLOADS") or TEST_CACHE / "downloads")
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +157,7 @@ def vllm_sdist() -> Callable[[str], Path]:
     from vllm_bundle.progress import PlainReporter
     from vllm_bundle.simple_index import project_files
 
-    fetcher = Fetcher(Cache(TEST_CACHE / "downloads"), PlainReporter())
+    fetcher = Fetcher(Cache(TEST_DOWNLOADS), PlainReporter())
     found: dict[str, Path] = {}
 
     def get(version: str) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tests.conftest import OLD_VLLM, REPO, assert_one_line_error, run_cli
+from tests.conftest import OLD_VLLM, REPO, TEST_DOWNLOADS, assert_one_line_error, run_cli
 from vllm_bundle.patches import PatchError, apply_series, read_series
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.vllm_source import extract_sdist, outcomes_of, prepare_source
@@ -147,8 +147,6 @@ def test_broken_patch_on_the_command_line_is_one_line(vllm_sdist: Callable[[str]
     broken.write_text(
         broken.read_text().replace('-set(HIP_SUPPORTED_ARCHS "gfx906', '-set(HIP_SUPPORTED_ARCHS "gfx900')
     )
-    from tests.conftest import TEST_CACHE
-
     result = run_cli(
         "patch",
         "gfx1151",
@@ -159,7 +157,7 @@ def test_broken_patch_on_the_command_line_is_one_line(vllm_sdist: Callable[[str]
         "--build-dir",
         tmp_path / "build",
         "--cache-dir",
-        TEST_CACHE / "downloads",
+        TEST_DOWNLOADS,
         "--plain",
     )
     assert_one_line_error(result, "hip-archs-rdna.v0.10.patch", "CMakeLists.txt", "hunk #1", f"vLLM {OLD_VLLM}")
@@ -171,8 +169,6 @@ def test_python_only_wheel_holds_the_patched_files(
     vllm_sdist: Callable[[str], Path], build_python: Path, tmp_path: Path
 ) -> None:
     vllm_sdist(PINNED)
-    from tests.conftest import TEST_CACHE
-
     result = run_cli(
         "vllm-wheel",
         "gfx1151",
@@ -183,7 +179,7 @@ def test_python_only_wheel_holds_the_patched_files(
         "--build-dir",
         tmp_path / "build",
         "--cache-dir",
-        TEST_CACHE / "downloads",
+        TEST_DOWNLOADS,
         "--plain",
         timeout=900,
     )
@@ -204,8 +200,6 @@ def test_failed_wheel_build_shows_the_log_tail(vllm_sdist: Callable[[str], Path]
     """A build interpreter without torch: vLLM's setup.py fails; the tail and the log path are shown."""
     import sys
 
-    from tests.conftest import TEST_CACHE
-
     vllm_sdist(OLD_VLLM)
     result = run_cli(
         "vllm-wheel",
@@ -217,7 +211,7 @@ def test_failed_wheel_build_shows_the_log_tail(vllm_sdist: Callable[[str], Path]
         "--build-dir",
         tmp_path / "build",
         "--cache-dir",
-        TEST_CACHE / "downloads",
+        TEST_DOWNLOADS,
         "--plain",
     )
     last = assert_one_line_error(result, "the vLLM wheel build failed", "vllm-wheel.log", quotes_a_log=True)

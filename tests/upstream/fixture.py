@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import html
-import importlib
 import json
 import platform
 import shutil
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,6 @@ from vllm_bundle.elf import dynamic_info, set_runpath
 
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 
-FIXTURE_PYTHON_REVISION = 2  # bump when _python_tree changes (the tarball is cached between runs)
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
@@ -119,6 +118,17 @@ def _elf_chain(work: Path) -> dict[str, Path]:
 _STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__", "lib2to3", "ensurepip"}
 
 
+def _install_bundled_pip(site: Path) -> None:
+    """pip from the wheel ensurepip carries in the standard library, never from the test runner's
+    environment (a uv-made venv has no pip; CPython's own stdlib always has this wheel)."""
+    bundled = Path(sysconfig.get_path("stdlib")) / "ensurepip" / "_bundled"
+    wheels = sorted(bundled.glob("pip-*.whl"))
+    if not wheels:
+        raise RuntimeError(f"no pip wheel under {bundled}: this CPython was built without ensurepip")
+    with zipfile.ZipFile(wheels[-1]) as wheel:
+        wheel.extractall(site)
+
+
 def _python_tree(dest: Path) -> None:
     """This machine's CPython in python-build-standalone's shape: ``python/{bin,lib,include}``, the
     interpreter's RUNPATH ``$ORIGIN/../lib``, and build files naming the ``/install`` prefix."""
@@ -147,8 +157,7 @@ def _python_tree(dest: Path) -> None:
     )
     site = top / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
     site.mkdir()
-    pip = importlib.import_module("pip")  # python-build-standalone's install_only builds ship pip
-    shutil.copytree(Path(str(pip.__file__)).parent, site / "pip", ignore=shutil.ignore_patterns("__pycache__"))
+    _install_bundled_pip(site)  # python-build-standalone's install_only builds ship pip
     shutil.copytree(Path(sysconfig.get_paths()["include"]), top / "include" / f"python{PYTHON_MINOR}")
     if (base / "lib" / "pkgconfig").is_dir():
         shutil.copytree(base / "lib" / "pkgconfig", top / "lib" / "pkgconfig", symlinks=True)
@@ -189,10 +198,19 @@ def _self_contained(top: Path) -> None:
             set_runpath(path, [relative])
 
 
+def _builder_digest() -> str:
+    """What the cached CPython tarball was made by and from: this code and the running interpreter.
+    A change to either makes a new cache entry, so a stale fixture is never reused."""
+    digest = hashlib.sha256(sys.version.encode() + sys.base_prefix.encode())
+    for source in (Path(__file__), Path(__file__).with_name("packaging_fixtures.py")):
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     fx.python_asset = f"cpython-{PYTHON_VERSION}+{PYTHON_RELEASE}-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz"
     tarball = fx.releases / fx.python_asset
-    cached = cache / f"{fx.python_asset}.{FIXTURE_PYTHON_REVISION}" if cache else None
+    cached = cache / f"{fx.python_asset}.{_builder_digest()}" if cache else None
     if cached and cached.exists():
         fx.releases.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(cached, tarball)
