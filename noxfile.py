@@ -12,16 +12,24 @@ from __future__ import annotations
 import nox
 
 nox.needs_version = ">=2024.10.9"
-nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
-PYPROJECT = nox.project.load_toml("pyproject.toml")
-
 
 def _install(session: nox.Session, *groups: str) -> None:
-    extras = [req for group in groups for req in nox.project.dependency_groups(PYPROJECT, group)]
-    session.install("-e", ".", *extras)
+    """The project (editable, with its build extra) and the given dependency groups, exactly as
+    uv.lock pins them: the tool's own environment is locked like every bundle input."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--extra=build",
+        "--no-default-groups",
+        *(f"--group={group}" for group in groups),
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
 
 
 def _cli(session: nox.Session, verb: str) -> None:
@@ -52,7 +60,6 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict over the package, the tests, the bench and this file."""
     _install(session, "lint", "test")  # mypy reads the tests' imports too
-    session.install("nox>=2024.10.9")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")

@@ -19,9 +19,9 @@ import pytest
 from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.bundle import STAGES
 from vllm_bundle.errors import BundleError
 from vllm_bundle.python_stage import python_stage
+from vllm_bundle.stage import STAGES
 
 
 def copy_of(built: Path, dest: Path) -> Path:
@@ -233,18 +233,39 @@ KILLER = textwrap.dedent("""
 """)
 
 
+def seeded_build(built: Path, build: Path, stage: str) -> Path:
+    """A copy of the built tree in which ``stage`` and every later stage have not run yet (as after a
+    changed input): the run under test rebuilds only those, not the whole bundle."""
+    shutil.copytree(built, build, symlinks=True)
+    target = build / "gfx1151"
+    for later in STAGES[STAGES.index(stage) :]:
+        if later == "release":
+            shutil.rmtree(build.parent / "bundles", ignore_errors=True)
+            continue
+        (target / f".{later}.stage.json").unlink()
+        shutil.rmtree(target / later)
+    return build
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
     stage: str, locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
 ) -> None:
-    build = tmp_path / "build"
+    build = seeded_build(built, tmp_path / "build", stage)
     args = bundle_args(locked, upstream, build, built.parent / "cache")
     killed = subprocess.run([sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     target = build / "gfx1151"
-    assert not (target / f".{stage}.stage.json").exists(), "the killed stage has no stamp"
-    assert not (target / stage).exists(), "and no output in its final place"
+    if stage == "release":  # its output is bundles/<tag>, stamped bundles/.<tag>.stage.json
+        bundles = build.parent / "bundles"
+        assert not list(bundles.glob(".*.stage.json")), "the killed stage has no stamp"
+        assert [p.name for p in bundles.iterdir() if not p.name.startswith(".")] == [], "and no output"
+    else:
+        assert not (target / f".{stage}.stage.json").exists(), "the killed stage has no stamp"
+        assert not (target / stage).exists(), "and no output in its final place"
     again = bundle_cli(locked, upstream, build, built.parent / "cache")
     assert again.returncode == 0, again.stderr
+    rebuilt = [line.split()[1] for line in again.stdout.splitlines() if line.startswith("stage") and "built" in line]
+    assert rebuilt == list(STAGES[STAGES.index(stage) :]), "only the killed stage and what follows it"
     assert tree_digest(target / "root") == tree_digest(built / "gfx1151" / "root")
     assert tree_digest(build.parent / "bundles") == tree_digest(built.parent / "bundles"), "same assets"

@@ -1,52 +1,98 @@
-"""``--target auto``: the GPU's ISA from captured KFD topology trees, mapped to a target."""
+"""``--target auto``: rocm-bootstrap reads the GPU's ISA (here from captured KFD topology trees); the
+ISA maps to a release target. And recipes/targets.toml agrees with rocm-bootstrap's GFX hierarchy."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from rocm_bootstrap import PackagingLevel, _platform, bundle_for_target, lookup_target
 
+from tests.conftest import REPO
 from vllm_bundle.errors import BundleError
-from vllm_bundle.gpu_detect import isa_from_target_version, kfd_isas, target_for_isas
-from vllm_bundle.recipes import Recipes, load_recipes
+from vllm_bundle.gpu_detect import detect_isas, target_for_isas
+from vllm_bundle.recipes import Target, load_targets
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
+KFD_NODES = Path("sys/class/kfd/kfd/topology/nodes")
 
 
 @pytest.fixture(scope="module")
-def recipes() -> Recipes:
-    return load_recipes(Path("recipes"))
+def targets() -> Mapping[str, Target]:
+    return load_targets(REPO / "recipes")
 
 
-@pytest.mark.parametrize(
-    ("version", "isa"),
-    [(110501, "gfx1151"), (110000, "gfx1100"), (90010, "gfx90a"), (90402, "gfx942"), (120001, "gfx1201")],
-)
-def test_gfx_target_version_decodes_with_hex_minor_and_stepping(version: int, isa: str) -> None:
-    assert isa_from_target_version(version) == isa
+@pytest.fixture
+def machine(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Point rocm-bootstrap's KFD reader (its documented I/O seam) at a captured tree."""
+    for name in ("ROCM_BOOTSTRAP_FORCE_GFX_ARCH", "ROCM_BOOTSTRAP_DISABLE_DETECTION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(_platform, "run_clinfo", lambda: "")
+
+    def use(tree: Path) -> None:
+        monkeypatch.setattr(_platform, "KFD_TOPOLOGY", tree / KFD_NODES)
+
+    return use
 
 
-def test_strix_halo_is_gfx1151(recipes: Recipes) -> None:
-    isas = kfd_isas(SYSFS / "strix-halo-gfx1151")
-    assert isas == ["gfx1151"]
-    assert target_for_isas(recipes, isas) == "gfx1151"
+def test_strix_halo_is_gfx1151(machine, targets: Mapping[str, Target]) -> None:  # type: ignore[no-untyped-def]
+    machine(SYSFS / "strix-halo-gfx1151")
+    assert detect_isas() == ["gfx1151"]
+    assert target_for_isas(targets, detect_isas()) == "gfx1151"
 
 
-def test_a_7900_xtx_beside_an_unsupported_igpu_is_gfx110X(recipes: Recipes) -> None:
-    isas = kfd_isas(SYSFS / "desktop-gfx1100")
-    assert isas == ["gfx1100", "gfx1036"]
-    assert target_for_isas(recipes, isas) == "gfx110X"
+def test_a_7900_xtx_beside_an_unsupported_igpu_is_gfx110X(machine, targets: Mapping[str, Target]) -> None:  # type: ignore[no-untyped-def]
+    machine(SYSFS / "desktop-gfx1100")
+    assert detect_isas() == ["gfx1100", "gfx1036"]
+    assert target_for_isas(targets, detect_isas()) == "gfx110X"
 
 
-def test_no_amd_gpu_is_refused_clearly(recipes: Recipes, tmp_path: Path) -> None:
+def test_no_amd_gpu_is_refused_clearly(machine, targets: Mapping[str, Target], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     for root in (SYSFS / "cpu-only", tmp_path):  # a CPU node only; no /sys/class/kfd at all
-        assert kfd_isas(root) == []
-        with pytest.raises(BundleError, match="no AMD GPU found") as caught:
-            target_for_isas(recipes, kfd_isas(root))
+        machine(root)
+        assert detect_isas() == []
+        with pytest.raises(BundleError, match="no supported AMD GPU found") as caught:
+            target_for_isas(targets, detect_isas())
         assert "--target" in str(caught.value)
 
 
-def test_an_unsupported_gpu_names_itself_and_the_targets(recipes: Recipes) -> None:
+def test_an_unsupported_gpu_names_itself_and_the_targets(targets: Mapping[str, Target]) -> None:
     with pytest.raises(BundleError) as caught:
-        target_for_isas(recipes, ["gfx1036"])
+        target_for_isas(targets, ["gfx1036"])
     assert "gfx1036" in str(caught.value) and "gfx1151" in str(caught.value)
+
+
+def test_an_isa_rocm_bootstrap_does_not_know_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROCM_BOOTSTRAP_FORCE_GFX_ARCH", "gfx9999")
+    with pytest.raises(BundleError, match=r"no supported AMD GPU found.*gfx9999"):
+        detect_isas()
+
+
+# -- recipes/targets.toml against rocm-bootstrap, the canonical GFX target knowledge -------------------
+
+
+def test_every_isa_of_every_target_is_a_known_gfx_target(targets: Mapping[str, Target]) -> None:
+    for target in targets.values():
+        for isa in target.isas:
+            assert lookup_target(isa).name == isa, (target.name, isa)
+
+
+def test_each_target_is_one_sub_family_and_no_isa_is_in_two_targets(targets: Mapping[str, Target]) -> None:
+    owner: dict[str, str] = {}
+    for target in targets.values():
+        sub_families = {bundle_for_target(isa, PackagingLevel.SUB_FAMILY).key for isa in target.isas}
+        assert len(sub_families) == 1, f"{target.name} spans {sorted(sub_families)}"
+        for isa in target.isas:
+            assert isa not in owner, f"{isa} is in {owner.get(isa)} and {target.name}"
+            owner[isa] = target.name
+
+
+def test_a_family_target_holds_every_isa_of_its_sub_family_that_it_names(targets: Mapping[str, Target]) -> None:
+    """gfx110X and gfx120X are release families: they must not leave out an ISA of their sub-family
+    that rocm-bootstrap knows (a gfx1102 owner would find no release)."""
+    for name in ("gfx110X", "gfx120X"):
+        target = targets[name]
+        bundle = bundle_for_target(target.isas[0], PackagingLevel.SUB_FAMILY)
+        members = {member.name for member in bundle.members}
+        assert set(target.isas) == members, (name, sorted(members))

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli, tree_digest
+from tests.conftest import REPO, assert_one_line_error, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
-SYSFS = Path(__file__).parent / "data" / "sysfs"
 
 
 @pytest.fixture(scope="module")
@@ -108,24 +110,30 @@ def test_a_release_for_another_target_is_refused(served: str, tmp_path: Path) ->
     assert not (tmp_path / "vllm").exists()
 
 
-def _install_auto(served: str, tmp_path: Path, machine: str):  # type: ignore[no-untyped-def]
-    env = {"VLLM_BUNDLE_SYSTEM_ROOT": str(SYSFS / machine)}
+def _install_auto(served: str, tmp_path: Path, detected: dict[str, str]):  # type: ignore[no-untyped-def]
+    """``--target auto`` with rocm-bootstrap's own overrides standing in for the machine's GPUs."""
     return run_cli(
-        "install", served, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--target", "auto", env=env
+        *("install", served, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--target", "auto"),
+        env=detected,
     )
 
 
+NO_GPU = {"ROCM_BOOTSTRAP_DISABLE_DETECTION": "1"}
+DESKTOP_7900_XTX = {"ROCM_BOOTSTRAP_FORCE_GFX_ARCH": "gfx1100,gfx1036"}
+STRIX_HALO = {"ROCM_BOOTSTRAP_FORCE_GFX_ARCH": "gfx1151"}
+
+
 def test_target_auto_refuses_a_machine_without_an_amd_gpu(served: str, tmp_path: Path) -> None:
-    assert_one_line_error(_install_auto(served, tmp_path, "cpu-only"), "no AMD GPU found", "--target")
+    assert_one_line_error(_install_auto(served, tmp_path, NO_GPU), "no supported AMD GPU found", "--target")
 
 
 def test_target_auto_refuses_another_gpus_release(served: str, tmp_path: Path) -> None:
-    result = _install_auto(served, tmp_path, "desktop-gfx1100")
+    result = _install_auto(served, tmp_path, DESKTOP_7900_XTX)
     assert_one_line_error(result, "is the gfx1151 release, not gfx110X")
 
 
 def test_target_auto_installs_on_strix_halo(served: str, tmp_path: Path) -> None:
-    result = _install_auto(served, tmp_path, "strix-halo-gfx1151")
+    result = _install_auto(served, tmp_path, STRIX_HALO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gfx1151 -> target gfx1151" in result.stdout
 
@@ -167,3 +175,80 @@ def test_an_unwritable_destination_is_one_line(built: Path, tmp_path: Path) -> N
     blocker.write_text("not a directory")
     result = install(built.parent / "bundles" / TAG, blocker / "vllm", tmp_path / "cache")
     assert_one_line_error(result, "cannot install into", "--dest")
+
+
+# -- the consumer's command, installed alone --------------------------------------------------------------
+
+BUILD_ONLY_MODULES = ("uv", "unidiff", "installer", "elftools", "zlib_ng", "tomli_w")
+
+
+def _run(*command: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(map(str, command)), cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding this package's wheel and its runtime dependencies as uv.lock pins them, nothing of
+    the build extra: what `pip install vllm-bundle` gives an installer. Built from a copy of the sources
+    (the wheel build writes build/ beside them), with no network (uv's cache from the nox session)."""
+    import uv
+
+    work = tmp_path_factory.mktemp("consumer")
+    source = work / "source"
+    shutil.copytree(
+        REPO,
+        source,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(".git", ".nox", "build", "bundles", "*.egg-info", "__pycache__", ".*_cache"),
+    )
+    tool = uv.find_uv_bin()
+    _run(tool, "build", "--no-build-isolation", "--python", sys.executable, "--wheel", "-o", work / "dist", source)
+    pins = work / "pylock.toml"
+    _run(
+        tool,
+        "export",
+        "--frozen",
+        "--no-dev",
+        "--no-default-groups",
+        "--no-emit-project",
+        "--format",
+        "pylock.toml",
+        "-o",
+        pins,
+        "--project",
+        source,
+    )
+    _run(tool, "venv", "--quiet", "--python", sys.executable, work / "venv")
+    python = work / "venv" / "bin" / "python"
+    _run(tool, "pip", "install", "--quiet", "--offline", "--python", python, "-r", pins)
+    (wheel,) = (work / "dist").glob("vllm_bundle-*.whl")
+    _run(tool, "pip", "install", "--quiet", "--offline", "--no-deps", "--python", python, wheel)
+    return work / "venv"
+
+
+def test_the_consumer_venv_has_no_build_dependency(consumer: Path) -> None:
+    probe = f"import importlib.util as u; print([m for m in {BUILD_ONLY_MODULES!r} if u.find_spec(m)])"
+    assert _run(consumer / "bin" / "python", "-c", probe).stdout.strip() == "[]"
+
+
+def test_install_runs_from_any_directory_with_the_package_alone(
+    consumer: Path, served: str, built: Path, tmp_path: Path
+) -> None:
+    """From a directory with no recipes in it: `--target auto` refuses in one line on a machine without
+    an AMD GPU, and a named target installs the release, reading the packaged target table."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), **NO_GPU}
+    command = [str(consumer / "bin" / "vllm-bundle"), "install", served, "--cache-dir", str(tmp_path / "cache")]
+
+    def install_from_elsewhere(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *extra], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+
+    refused = install_from_elsewhere("--target", "auto", "--dest", str(tmp_path / "auto"))
+    assert_one_line_error(refused, "no supported AMD GPU found", "--target")
+    assert "no recipes directory" not in refused.stderr
+    installed = install_from_elsewhere("--target", "gfx1151", "--dest", str(tmp_path / "vllm"), "--plain")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert without_version(tree_digest(tmp_path / "vllm")) == tree_digest(built / "gfx1151" / "root")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ def test_fetch_artifacts_come_from_the_lock(locked: Path) -> None:
 
 @pytest.fixture
 def locked_copy(locked: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "recipes"
+    copy = tmp_path / "locked-recipes"
     shutil.copytree(locked, copy)
     return copy
 
@@ -194,3 +195,65 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
     stage = tmp_path / "build" / "gfx1151" / "vllm-wheel"
     assert [p.name for p in stage.iterdir()] == [f"vllm-0.33.0+rocm{ROCM_VERSION}-{CP}-{CP}-linux_x86_64.whl"]
     assert_one_line_error(run_cli("patch", "gfx1151", *common), "repackage mode", "nothing to patch")
+
+
+# -- `bundle` locks first where no lock exists (as `uv run` does); `--locked` refuses ---------------------
+
+
+def _bundle_locking(recipes: Path, upstream: UpstreamServer, work: Path, *extra: str):  # type: ignore[no-untyped-def]
+    args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes, "--cache-dir", work / "cache", "--plain"]
+    args += ["--index", f"{upstream.url}/simple/", "--mirror", f"{upstream.url}/mirror/"]
+    return run_cli(*args, "--build-dir", work / "build", "--no-archive", *extra, timeout=600)
+
+
+def test_bundle_without_a_lock_locks_first_then_builds(
+    recipes_dir: Path, upstream: UpstreamServer, locked: Path, tmp_path: Path
+) -> None:
+    result = _bundle_locking(recipes_dir, upstream, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("lock   no lock for stable/gfx1151 at ") and "locking gfx1151 (stable) first" in first
+    assert result.stdout.splitlines()[1].startswith("locked gfx1151 (stable): ")
+    for name in ("gfx1151.toml", "pylock.gfx1151.toml"):  # the same pins as `vllm-bundle lock` makes
+        made, expected = recipes_dir / "locks" / "stable" / name, locked / "locks" / "stable" / name
+        assert made.read_bytes() == expected.read_bytes()
+    assert (tmp_path / "build" / "gfx1151" / "root" / "bin" / "vllm-server").is_file()
+    again = _bundle_locking(recipes_dir, upstream, tmp_path)
+    assert again.returncode == 0 and "lock   " not in again.stdout, "an existing, current lock is used as it is"
+
+
+def test_bundle_locked_refuses_a_missing_or_stale_lock(
+    recipes_dir: Path, locked_copy: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    missing = _bundle_locking(recipes_dir, upstream, tmp_path / "a", "--locked")
+    assert_one_line_error(missing, "no lock for stable/gfx1151", "nox -s lock")
+    assert not (recipes_dir / "locks").exists() and not (tmp_path / "a" / "build").exists()
+    assert upstream.log == [], "no connection"
+    channels = locked_copy / "channels.toml"
+    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.12,<2.14"', 1))
+    stale = _bundle_locking(locked_copy, upstream, tmp_path / "b", "--locked")
+    assert_one_line_error(stale, "out of date with its recipe")
+
+
+def test_bundle_with_a_stale_lock_relocks_and_says_why(
+    locked_copy: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    channels = locked_copy / "channels.toml"
+    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.12,<2.14"', 1))
+    result = _bundle_locking(locked_copy, upstream, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("lock   lock ") and "out of date with its recipe" in first and "first" in first
+    check = run_cli("lock", "--check", "--recipes", locked_copy)
+    assert check.returncode == 0, check.stderr
+
+
+def test_bundle_without_a_lock_and_no_network_is_one_line(recipes_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a loopback port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes_dir, "--cache-dir", tmp_path / "cache"]
+    args += ["--retries", "1", "--index", f"{closed}/simple/", "--mirror", f"{closed}/mirror/"]
+    result = run_cli(*args, "--build-dir", tmp_path / "build")
+    assert_one_line_error(result, "cannot download", closed)
+    assert not (recipes_dir / "locks").exists(), "no lock half-written"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -13,17 +14,20 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from zlib_ng import zlib_ng as zlib_ng_core
 
 from tests.conftest import (
     PART_SIZE,
     TEST_REPO,
     assert_one_line_error,
+    bundle_args,
     run_cli,
     tree_digest,
 )
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.archive import write_archive
+from vllm_bundle.release import default_repo
 from vllm_bundle.repro import first_difference
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
@@ -128,6 +132,15 @@ def test_manifests(assets: Path) -> None:
         hashlib.sha256(p.read_bytes()).hexdigest() for p in parts
     ]
     assert release["archive"]["size"] == sum(p.stat().st_size for p in parts)
+    assert release["archive"]["sha256"] == hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
+    # gzip bytes depend on the compressor's version (zlib-ng#1751): the manifest names it
+    assert release["archive"]["archiver"] == {
+        "library": "zlib-ng",
+        "zlib-ng": zlib_ng_core.ZLIBNG_VERSION,
+        "python-zlib-ng": importlib.metadata.version("zlib-ng"),
+        "workers": 8,
+    }
+    assert release["archive"]["level"] == 6
     backend = json.loads((assets / "backend_versions.json").read_text())
     assert backend["vllm"] == {"rocm": f"vllm0.33.0-rocm{ROCM_VERSION}"}
     checksums = backend["checksums"]["github"][TEST_REPO][TAG]
@@ -228,10 +241,11 @@ def test_merge_backend_versions(assets: Path, tmp_path: Path) -> None:
     assert_one_line_error(bad, "pin different vLLM builds")
 
 
-def test_bundle_without_a_repository_says_how_to_set_one(
+def test_bundle_without_a_repository_says_how_to_set_one_before_any_stage(
     locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "not-a-repository"))  # no origin remote to fall back on
     result = run_cli(
         "bundle",
         "gfx1151",
@@ -246,3 +260,35 @@ def test_bundle_without_a_repository_says_how_to_set_one(
         "--plain",
     )
     assert_one_line_error(result, "no GitHub repository", "--repo owner/name")
+    assert "stage" not in result.stdout and not (tmp_path / "b").exists(), "refused before any stage ran"
+    bad = run_cli(*bundle_args(locked, upstream, tmp_path / "c", built.parent / "cache"), "--repo", "not a repo")
+    assert_one_line_error(bad, "'not a repo' is not <owner>/<name>")
+    assert not (tmp_path / "c").exists()
+
+
+def test_bundle_after_a_missing_lock_reports_the_lock_before_the_repository(
+    recipes_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    result = run_cli("bundle", "gfx1151", "--recipes", recipes_dir, "--locked", "--build-dir", tmp_path / "b")
+    assert_one_line_error(result, "no lock for stable/gfx1151")
+
+
+def test_the_repository_defaults_to_the_checkouts_github_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    for number, (url, repo) in enumerate(
+        (
+            ("git@github.com:acme/vllm-builds.git", "acme/vllm-builds"),
+            ("https://github.com/acme/vllm-builds", "acme/vllm-builds"),
+            ("https://gitlab.example.com/acme/vllm-builds.git", ""),
+        )
+    ):
+        monkeypatch.delenv("GIT_DIR", raising=False)
+        clone = tmp_path / f"clone{number}"
+        subprocess.run(["git", "init", "-q", str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "remote", "add", "origin", url], check=True)
+        monkeypatch.setenv("GIT_DIR", str(clone / ".git"))
+        assert default_repo(None) == repo, url
+        assert default_repo("other/repo") == "other/repo"

@@ -107,6 +107,7 @@ def test_release_builds_each_target_with_the_pipelines_sessions() -> None:
         next(i for i, r in enumerate(runs) if "nox -s qualify" in r),
     ]
     assert order == sorted(order)
+    assert "--locked" in runs[order[1]], "a release build never locks on its own"
     uses = {step.get("uses", "").split("@")[0]: step for step in bundle["steps"]}
     assert "hashFiles(format('recipes/locks/" in uses["actions/cache"]["with"]["key"]
     assert "actions/attest-build-provenance" in uses

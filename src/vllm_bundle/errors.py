@@ -34,6 +34,10 @@ class LockError(BundleError):
     """A lock could not be made, read or trusted."""
 
 
+class LockMissingError(LockError):
+    """No lock exists for the (target, channel)."""
+
+
 class LockOutOfDateError(LockError):
     """The lock no longer matches its recipe."""
 

@@ -28,7 +28,7 @@ from typing import Any
 import requests
 
 from vllm_bundle.assemble import Layout, library_dirs
-from vllm_bundle.lockfile import atomic_write
+from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import RELEASE_JSON, ManifestError, dump_json, read_json, write_sha256sums
 from vllm_bundle.qualify import CheckResult, Report
 from vllm_bundle.recipes import Target

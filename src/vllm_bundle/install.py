@@ -27,10 +27,9 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock
 
-from vllm_bundle.archive import part_name
 from vllm_bundle.errors import BundleError, DiskFullError, NetworkError
 from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.manifests import BACKEND_VERSIONS, RELEASE_JSON, ManifestError, read_json
+from vllm_bundle.manifests import BACKEND_VERSIONS, RELEASE_JSON, ManifestError, part_name, read_json
 from vllm_bundle.transport import RetryPolicy, check_url, make_session
 
 VERSION_FILE = "version.txt"

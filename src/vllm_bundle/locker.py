@@ -31,9 +31,9 @@ from packaging.utils import canonicalize_name
 
 from vllm_bundle.errors import LockError, LockOutOfDateError, NetworkError
 from vllm_bundle.fetch import UNREACHABLE_HINT, Artifact, Fetcher, Source, mirror_source
+from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.lockfile import (
     Lock,
-    atomic_write,
     best_wheel,
     lock_paths,
     locked_versions,

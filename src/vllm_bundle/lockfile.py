@@ -9,8 +9,6 @@ edited or swapped alone without ``lock --check`` noticing.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ import tomli_w
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from vllm_bundle.errors import LockError
+from vllm_bundle.errors import LockError, LockMissingError
 from vllm_bundle.fetch import Artifact
 
 LOCK_VERSION = 1
@@ -51,22 +49,6 @@ def lock_paths(locks_dir: Path, channel: str, target: str) -> tuple[Path, Path]:
     base = locks_dir / channel
     # PEP 751 requires the name pylock.<name>.toml for a lock file that is not plain pylock.toml.
     return base / f"{target}.toml", base / f"pylock.{target}.toml"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write a file so that readers see the old or the new content, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(tmp).chmod(0o644)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def render_lock(lock: Lock, header: str) -> bytes:
@@ -100,7 +82,7 @@ def _load_toml(path: Path, what: str) -> dict[str, Any]:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
-        raise LockError(
+        raise LockMissingError(
             f"no {what} at {path}",
             "make it with `nox -s lock -- <target> --channel <channel>` where upstream is reachable",
         ) from None

@@ -18,6 +18,12 @@ from vllm_bundle.errors import BundleError
 RELEASE_JSON = "release.json"
 BACKEND_VERSIONS = "backend_versions.json"
 SHA256SUMS = "SHA256SUMS"
+#: GitHub refuses release assets of 2 GiB and more; 1.9 GB leaves room.
+DEFAULT_PART_SIZE = 1_900_000_000
+#: The gzip level of release archives.
+DEFAULT_LEVEL = 6
+#: Where GitHub Actions names the repository the assets are published in.
+REPO_ENV = "GITHUB_REPOSITORY"
 
 
 class ManifestError(BundleError):
@@ -48,6 +54,11 @@ def pin_of(tag: str, target: str) -> str:
     return tag.removesuffix(f"-{target}")
 
 
+def part_name(stem: str, number: int, count: int) -> str:
+    """``<tag>-x64.partNN-of-MM.tar.gz``: what installers ask for, NN and MM two digits, 01-based."""
+    return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
+
+
 def sha256_file(path: Path) -> str:
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
@@ -65,12 +76,18 @@ def write_sha256sums(directory: Path) -> None:
     tmp.replace(directory / SHA256SUMS)
 
 
+def check_repo(repo: str) -> None:
+    """The GitHub repository the checksums name must be ``<owner>/<name>``."""
+    hint = f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)"
+    if not repo:
+        raise ManifestError("no GitHub repository for backend_versions.json checksums", hint)
+    if repo.count("/") != 1 or not all(repo.split("/")) or any(c.isspace() for c in repo):
+        raise ManifestError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
+
+
 def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str]) -> dict[str, Any]:
     """Lemonade's format: the pin, and ``checksums.github.<repo>.<tag>.<asset> = sha256:<hex>`` per part."""
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise ManifestError(
-            f"GitHub repository {repo!r} is not <owner>/<name>", "pass --repo owner/name or set $GITHUB_REPOSITORY"
-        )
+    check_repo(repo)
     return {
         "vllm": {"rocm": pin_of(tag, target)},
         "checksums": {"github": {repo: {tag: {name: f"sha256:{digest}" for name, digest in sorted(parts.items())}}}},

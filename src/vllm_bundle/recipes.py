@@ -304,6 +304,11 @@ def _parse_attention(vllm: _Table) -> tuple[AttentionRule, ...]:
     return tuple(rules)
 
 
+def load_targets(root: Path) -> dict[str, Target]:
+    """Only ``targets.toml``: all an installer needs (the ISA -> target table)."""
+    return _parse_targets(_Table(_read_toml(root / TARGETS_FILE), TARGETS_FILE))
+
+
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
     raw = {name: _read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}

@@ -12,28 +12,34 @@ SHA256SUMS                      of every other file here
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.archive import DEFAULT_LEVEL, DEFAULT_PART_SIZE, write_archive
+from vllm_bundle.archive import archiver, write_archive
 from vllm_bundle.assemble import Layout
 from vllm_bundle.errors import BundleError
 from vllm_bundle.lockfile import Lock, lock_paths
 from vllm_bundle.manifests import (
     BACKEND_VERSIONS,
+    DEFAULT_LEVEL,
+    DEFAULT_PART_SIZE,
     RELEASE_JSON,
+    REPO_ENV,
     backend_versions,
     dump_json,
     release_tag,
     write_sha256sums,
 )
+from vllm_bundle.paths import default_recipes
 from vllm_bundle.sbom import build_sbom
 from vllm_bundle.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 2
-REPO_ENV = "GITHUB_REPOSITORY"
+STAGE_VERSION = 3
+GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,24 @@ def source_date(lock: Lock, override: int | None) -> int:
 
 
 def default_repo(configured: str | None) -> str:
-    repo = configured or os.environ.get(REPO_ENV, "")
-    if not repo:
-        raise BundleError(
-            "no GitHub repository for backend_versions.json checksums",
-            f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)",
+    """``--repo``, else ``$GITHUB_REPOSITORY``, else the GitHub ``origin`` of the checkout this tool runs
+    from; "" when none is known (the bundle refuses that after the lock check, before any stage)."""
+    return configured or os.environ.get(REPO_ENV, "") or _origin_repo()
+
+
+def _origin_repo() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(default_recipes().parent), "config", "--get", "remote.origin.url"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
         )
-    return repo
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    match = GITHUB_REMOTE.search(result.stdout.strip()) if result.returncode == 0 else None
+    return f"{match['owner']}/{match['name']}" if match else ""
 
 
 def release_stage(
@@ -96,6 +113,7 @@ def release_stage(
         "versions": versions,
         "lock": lock_hash,
         "tier0": dict(tier0),
+        "archiver": archiver(),
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -115,7 +133,14 @@ def release_stage(
             "versions": versions,
             "lock_sha256": lock_hash,
             "source_date_epoch": date,
-            "archive": {"size": size, "sha256": digest, "format": "tar+gzip", "parts": part_entries},
+            "archive": {
+                "size": size,
+                "sha256": digest,
+                "format": "tar+gzip",
+                "level": options.level,
+                "archiver": archiver(),
+                "parts": part_entries,
+            },
             "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
         }
         (tmp / RELEASE_JSON).write_bytes(dump_json(release))

@@ -13,12 +13,23 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.lockfile import atomic_write
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.fsutil import atomic_write
+
+#: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
+STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
+
+
+def check_stage_names(names: Iterable[str]) -> None:
+    """``--force`` names only stages that exist."""
+    unknown = sorted(set(names) - set(STAGES))
+    if unknown:
+        raise RecipeError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(STAGES)}")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from vllm_bundle.elf import dynamic_info, set_runpath
 
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 
-
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
 PYTHON_VERSION = platform.python_version()

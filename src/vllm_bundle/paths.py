@@ -1,0 +1,26 @@
+"""Where the tool finds its data when no option names it: never relative to the current directory.
+
+The recipes and the patch series ship inside the package (``recipe_data/``, ``patch_data/``: in the
+repository these are symlinks to ``recipes/`` and ``patches/vllm/``, which a wheel build copies). An
+editable install from a checkout therefore resolves them to the checkout's own directories, where the
+locks are written too; an installed wheel reads its packaged copies.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+
+def _packaged(name: str) -> Path:
+    return Path(str(resources.files("vllm_bundle").joinpath(name))).resolve()
+
+
+def default_recipes() -> Path:
+    """``recipes/`` of the checkout this tool runs from, else the recipes packaged with it."""
+    return _packaged("recipe_data")
+
+
+def default_patches() -> Path:
+    """``patches/vllm/`` of the checkout this tool runs from, else the series packaged with it."""
+    return _packaged("patch_data")
