@@ -349,3 +349,31 @@ def test_plain_progress_lines_when_not_a_terminal(locked: Path, upstream: Upstre
     assert "\x1b[" not in result.stderr, "no terminal escapes in logs"
     assert any(line.startswith("done   torch-2.12.0") for line in result.stderr.splitlines())
     assert "already cached" in result.stdout
+
+
+def test_a_refused_connection_fails_fast_with_default_retries(tmp_path: Path, locked: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    began = time.monotonic()
+    result = run_cli(
+        *("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache"),
+        *("--mirror", f"http://127.0.0.1:{port}/", "--plain"),
+    )
+    elapsed = time.monotonic() - began
+    last = assert_one_line_error(result, f"cannot reach 127.0.0.1:{port}", "connection refused")
+    assert elapsed < 10, f"a refused connection took {elapsed:.1f} s"
+    assert "Connection(" not in last and "object at 0x" not in last, last
+
+
+def test_retry_lines_say_why_in_words(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("cut", after=65536))
+    fetcher, log = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    (retry,) = [line for line in log.getvalue().splitlines() if line.startswith("retry")]
+    assert "connection broken after 65536 of" in retry, retry
+    assert "(" not in retry.split(":", 1)[1].split(";")[0], f"no tuple or object repr: {retry}"

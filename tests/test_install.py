@@ -38,7 +38,8 @@ def part_paths(upstream: UpstreamServer) -> list[str]:
 
 
 def without_version(tree: dict[str, str]) -> dict[str, str]:
-    return {name: digest for name, digest in tree.items() if name != "version.txt"}
+    """An install's tree without what the installer adds: version.txt and its own marker."""
+    return {name: digest for name, digest in tree.items() if name not in ("version.txt", ".vllm-bundle-install")}
 
 
 def test_installs_the_release_and_again_does_nothing(
@@ -51,7 +52,7 @@ def test_installs_the_release_and_again_does_nothing(
     assert without_version(tree_digest(dest)) == tree_digest(built / "gfx1151" / "root")
     count = int((built.parent / "bundles" / TAG / f"{STEM}.partcount").read_text())
     assert len(set(part_paths(upstream))) == count
-    assert sorted(p.name for p in dest.parent.iterdir()) == [".vllm.lock", "vllm"], "no staging left behind"
+    assert sorted(p.name for p in dest.parent.iterdir()) == [".vllm.vllm-bundle.lock", "vllm"], "no staging left behind"
 
     upstream.log.clear()
     inode = dest.stat().st_ino
@@ -78,7 +79,7 @@ def test_a_tampered_part_is_refused_with_nothing_changed(
     result = install(f"{upstream.url}/tampered/{TAG}/", dest, tmp_path / "fresh-cache")
     assert_one_line_error(result, part.name, "sha256")
     assert tree_digest(dest) == before
-    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.lock", "vllm"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.vllm-bundle.lock", "vllm"]
     bad = hashlib.sha256(data).hexdigest()
     cached = [p for p in (tmp_path / "fresh-cache").rglob("*") if p.is_file()]
     assert all(hashlib.sha256(p.read_bytes()).hexdigest() != bad for p in cached), "bad bytes were cached"
@@ -167,7 +168,7 @@ def test_a_newer_release_replaces_the_previous_install(built: Path, tmp_path: Pa
     assert result.returncode == 0, result.stdout + result.stderr
     assert (dest / "version.txt").read_text() == TAG and not (dest / "left-by-the-old-release").exists()
     assert without_version(tree_digest(dest)) == tree_digest(built / "gfx1151" / "root")
-    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.lock", "vllm"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "vllm" in p.name) == [".vllm.vllm-bundle.lock", "vllm"]
 
 
 def test_an_unwritable_destination_is_one_line(built: Path, tmp_path: Path) -> None:

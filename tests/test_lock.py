@@ -114,6 +114,21 @@ def test_hand_edited_pylock_is_refused(locked_copy: Path) -> None:
     assert_one_line_error(result, "pylock.gfx1151.toml does not match gfx1151.toml")
 
 
+@pytest.mark.parametrize("field", ["size", "sha256", "url"])
+def test_hand_edited_toml_lock_is_refused(locked_copy: Path, field: str) -> None:
+    lock = locked_copy / "locks" / "stable" / "gfx1151.toml"
+    doc = tomllib.loads(lock.read_text())
+    python = next(a for a in doc["artifacts"] if a["role"] == "python")
+    edited = {"size": str(python["size"] + 1), "sha256": "0" * 64, "url": python["url"] + "x"}[field]
+    original = str(python[field])
+    text = lock.read_text()
+    assert text.count(original) == 1
+    lock.write_text(text.replace(original, edited))
+    assert_one_line_error(run_cli("lock", "--check", "--recipes", locked_copy), "gfx1151.toml", "edited by hand")
+    fetch = run_cli("fetch", "gfx1151", "--recipes", locked_copy, "--offline", "--cache-dir", locked_copy / "c")
+    assert_one_line_error(fetch, "edited by hand")
+
+
 def test_missing_lock_says_where_to_make_it(recipes_dir: Path) -> None:
     result = run_cli("lock", "--check", "gfx950", "--recipes", recipes_dir)
     assert_one_line_error(result, "no lock for stable/gfx950", "nox -s lock")

@@ -40,6 +40,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "torch-requirement",
         "records",
         "device-code",
+        "symlinks",
         "launcher",
         "build-paths",
         "size",
@@ -138,3 +139,29 @@ def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: P
     result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "qualify")
     assert_one_line_error(result, "tier 0 qualification failed", "launcher")
     assert not (tmp_path / "bundles").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('system-libraries = "libc.so.6"', "system-libraries"),
+        ("system-library-dirs = [1, 2]", "system-library-dirs"),
+        ("smoke-imports = []", "smoke-imports"),
+    ],
+)
+def test_qualify_rules_are_type_checked(bundle: Path, locked: Path, tmp_path: Path, text: str, key: str) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    rules = recipes / "qualify.toml"
+    kept, skipping = [], False  # every line but the key's (its value may span lines), then the bad one
+    for line in rules.read_text().splitlines():
+        if line.startswith(f"{key} ="):
+            skipping = not line.rstrip().endswith("]")
+            continue
+        if skipping:
+            skipping = not line.startswith("]")
+            continue
+        kept.append(line)
+    rules.write_text("\n".join([*kept, text]) + "\n")
+    result = run_cli("qualify", bundle, "--recipes", recipes, "--report", tmp_path / "r.json")
+    assert_one_line_error(result, f"qualify.toml: {key}")

@@ -14,6 +14,7 @@ import pytest
 from packaging.version import Version
 
 from tests.conftest import OLD_VLLM, REPO, TEST_DOWNLOADS, assert_one_line_error, run_cli
+from vllm_bundle.fetch import sha256_of
 from vllm_bundle.patches import PatchError, apply_series, read_series
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.vllm_source import extract_sdist, outcomes_of, prepare_source
@@ -43,21 +44,21 @@ def digest(tree: Path, *names: str) -> str:
 @pytest.fixture(scope="module")
 def old_tree(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("old") / "vllm-src"
-    prepare_source(vllm_sdist(OLD_VLLM), "sha-old", OLD_VLLM, PATCHES, out)
+    prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, out)
     return out
 
 
 @pytest.fixture(scope="module")
 def pinned_stage(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     out = tmp_path_factory.mktemp("pinned") / "vllm-src"
-    return prepare_source(vllm_sdist(PINNED), "sha-pinned", PINNED, PATCHES, out)
+    return prepare_source(vllm_sdist(PINNED), sha256_of(vllm_sdist(PINNED)), PINNED, PATCHES, out)
 
 
 def test_older_release_gets_the_rdna_archs_and_the_fallback(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
     pristine = tmp_path / "pristine"
     extract_sdist(vllm_sdist(OLD_VLLM), pristine, OLD_VLLM)
     assert "gfx1151" not in hip_archs(pristine), "premise: this release lacks gfx1151"
-    result = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
+    result = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
     tree = result.path
     assert {(o.patch_id, o.status) for o in outcomes_of(result)} == {
         ("hip-archs-rdna", "applied"),
@@ -94,15 +95,15 @@ def test_reapplying_is_a_no_op(old_tree: Path, pinned_stage) -> None:  # type: i
 
 
 def test_stage_is_skipped_when_nothing_changed(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
-    first = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
-    second = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, PATCHES, tmp_path / "src")
+    first = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
+    second = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
     assert not first.cached and second.cached
     assert outcomes_of(second) == outcomes_of(first)
     patches = tmp_path / "patches"
     shutil.copytree(PATCHES, patches)
     why = patches / "amdsmi-fallback.v0.10.patch"
     why.write_text(why.read_text().replace("Why: ", "Why: (edited) ", 1))
-    third = prepare_source(vllm_sdist(OLD_VLLM), "x", OLD_VLLM, patches, tmp_path / "src")
+    third = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, patches, tmp_path / "src")
     assert not third.cached, "a changed patch redoes the stage"
 
 

@@ -16,8 +16,11 @@ import hashlib
 import importlib.metadata
 import os
 import posixpath
+import signal
 import tarfile
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -159,6 +162,34 @@ def _tarinfo(name: str, path: Path, root: Path, source_date: int, seen: dict[tup
     return info
 
 
+@contextmanager
+def _interrupt_between_reads() -> Iterator[threading.Event]:
+    """Ctrl-C sets a flag instead of raising wherever the main thread is: interrupted inside zlib-ng's
+    threaded writer, closing it deadlocks. The archive loop raises KeyboardInterrupt at its next read
+    of a source file, where the writer is idle, and the parts written so far are discarded."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class _InterruptibleReader:
+    """A source file for tarfile that raises KeyboardInterrupt at a read once Ctrl-C was pressed."""
+
+    def __init__(self, handle: BinaryIO, interrupted: threading.Event) -> None:
+        self._handle, self._interrupted = handle, interrupted
+
+    def read(self, size: int = -1) -> bytes:
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt
+        return self._handle.read(size)
+
+
 def write_archive(
     root: Path,
     out_dir: Path,
@@ -174,14 +205,17 @@ def write_archive(
     seen: dict[tuple[int, int], str] = {}
     try:
         with (
+            _interrupt_between_reads() as interrupted,
             gzip_ng_threaded.open(writer, "wb", compresslevel=level, threads=COMPRESSION_WORKERS) as gz,  # type: ignore[no-untyped-call]
             tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
         ):
             for name, path in _entries(root):
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
                 info = _tarinfo(name, path, root, source_date, seen)
                 if info.isreg():
                     with path.open("rb") as handle:
-                        tar.addfile(info, handle)
+                        tar.addfile(info, _InterruptibleReader(handle, interrupted))
                 else:
                     tar.addfile(info)
         parts = writer.finish()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from installer.exceptions import InstallerError
 from installer.sources import WheelFile
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.fetch import require_sha256
 from vllm_bundle.launcher import render_launcher
 from vllm_bundle.prune import PruneRules, prune
 from vllm_bundle.recipes import AttentionRule
@@ -28,7 +30,7 @@ from vllm_bundle.records import refresh_records
 from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
 from vllm_bundle.stage import StageResult, run_stage
 
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
 CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
@@ -77,7 +79,7 @@ def install_wheels(layout: Layout, wheels: Sequence[Path]) -> None:
             with WheelFile.open(wheel) as source:
                 source.validate_record()
                 install(source, destination, additional_metadata={"INSTALLER": b"vllm-bundle\n"})
-        except (InstallerError, ValueError, OSError) as err:
+        except (InstallerError, ValueError, OSError, zipfile.BadZipFile) as err:
             raise AssembleError(f"cannot install {wheel.name}: {err}", "re-fetch it, or re-lock") from None
 
 
@@ -89,13 +91,19 @@ def expose_amd_smi(layout: Layout) -> bool:
     return True
 
 
-def site_stage(python: StageResult, wheels: Sequence[Path], minor: str, out: Path, force: bool = False) -> StageResult:
-    inputs = {"python": python.key, "wheels": sorted(w.name for w in wheels)}
+def site_stage(
+    python: StageResult, wheels: Mapping[Path, str], minor: str, out: Path, force: bool = False
+) -> StageResult:
+    """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
+    the same name with other bytes redoes the stage); every wheel is checked before it is installed."""
+    inputs = {"python": python.key, "wheels": {path.name: sha for path, sha in sorted(wheels.items())}}
 
     def build(tmp: Path) -> Mapping[str, Any]:
+        for wheel, sha256 in wheels.items():
+            require_sha256(wheel, sha256, wheel.name)
         link_tree(python.path, tmp)
         layout = Layout(tmp, minor)
-        install_wheels(layout, wheels)
+        install_wheels(layout, list(wheels))
         return {"wheels": len(wheels), "amd_smi": expose_amd_smi(layout)}
 
     return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)

@@ -53,18 +53,19 @@ def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where: Path) -> list[Path]:
-    """Cache blobs under their wheel file names (installers parse them), as hard links."""
+def _named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where: Path) -> dict[Path, str]:
+    """Cache blobs under their wheel file names (installers parse them), as hard links made afresh each
+    run (a name may be re-published with other bytes); returns each path with its pinned sha256."""
     where.mkdir(parents=True, exist_ok=True)
-    paths = []
+    paths = {}
     for artifact in artifacts:
         named = where / artifact.filename
-        if not named.exists():
-            try:
-                named.hardlink_to(fetched[artifact.sha256])
-            except OSError:  # another file system
-                shutil.copyfile(fetched[artifact.sha256], named)
-        paths.append(named)
+        named.unlink(missing_ok=True)
+        try:
+            named.hardlink_to(fetched[artifact.sha256])
+        except OSError:  # another file system
+            shutil.copyfile(fetched[artifact.sha256], named)
+        paths[named] = artifact.sha256
     return paths
 
 
@@ -110,10 +111,13 @@ def build_bundle(
 
     python = lock.artifact("python")
     begin("python")
-    py = step(python_stage(fetched[python.sha256], python.sha256, minor, base / "python", "python" in force))
+    py = step(
+        python_stage(fetched[python.sha256], python.sha256, minor, base / "python", "python" in force, python.filename)
+    )
     others = [w for w in wheels if w.name != "vllm"]
     begin("site")
-    site = step(site_stage(py, _named_wheels(others, fetched, base / ".wheels"), minor, base / "site", "site" in force))
+    named = _named_wheels(others, fetched, base / ".wheels")
+    site = step(site_stage(py, named, minor, base / "site", "site" in force))
     begin("vllm-wheel")
     vllm = step(_vllm_wheel(recipes, target_name, lock, wheels, fetched, site, patches_dir, base, force, step))
     rules = load_prune_rules(recipes.root)

@@ -20,7 +20,7 @@ from vllm_bundle.errors import BundleError, LockError, RecipeError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
 from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.progress import human_size, make_reporter
-from vllm_bundle.stage import STAGES, check_stage_names
+from vllm_bundle.stage import STAGES, check_stage_names, exclusive
 from vllm_bundle.transport import RetryPolicy
 
 # The verbs' own modules are imported inside each command: ``install`` (the consumer's verb) must run
@@ -28,7 +28,8 @@ from vllm_bundle.transport import RetryPolicy
 if TYPE_CHECKING:
     from vllm_bundle.fetch import Artifact, Fetcher
     from vllm_bundle.qualify import Report
-    from vllm_bundle.recipes import Recipes
+    from vllm_bundle.recipes import Recipes, Target
+    from vllm_bundle.release import ReleaseOptions
     from vllm_bundle.stage import StageResult
 
 DEFAULT_CHANNEL = "stable"
@@ -204,21 +205,27 @@ def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Ar
 def cmd_patch(args: argparse.Namespace) -> int:
     recipes = _recipes(args)
     recipes.target(args.target)
-    if _prebuilt_vllm(args, recipes) is not None:
-        raise RecipeError(
-            f"channel {args.channel} uses a prebuilt vLLM wheel (repackage mode): nothing to patch",
-            "use a channel without vllm-wheel, or --vllm VERSION",
-        )
-    _source_stage(args, recipes)
+    with exclusive(args.build_dir / args.target, _say):
+        if _prebuilt_vllm(args, recipes) is not None:
+            raise RecipeError(
+                f"channel {args.channel} uses a prebuilt vLLM wheel (repackage mode): nothing to patch",
+                "use a channel without vllm-wheel, or --vllm VERSION",
+            )
+        _source_stage(args, recipes)
     return 0
 
 
 def cmd_vllm_wheel(args: argparse.Namespace) -> int:
-    from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
-
     recipes = _recipes(args)
     target = recipes.target(args.target)
     base = args.build_dir / args.target
+    with exclusive(base, _say):
+        return _vllm_wheel(args, recipes, target, base)
+
+
+def _vllm_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
+    from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
+
     prebuilt = _prebuilt_vllm(args, recipes)
     if prebuilt is not None:
         wheel, artifact = prebuilt
@@ -286,9 +293,12 @@ def _stage_printer(args: argparse.Namespace) -> tuple[Any, Any]:
     return starting, finished
 
 
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from vllm_bundle.bundle import build_bundle, summary_lines
-    from vllm_bundle.qualify import read_report
+    from vllm_bundle.manifests import check_repo
     from vllm_bundle.release import ReleaseOptions, default_repo
 
     recipes = _recipes(args)
@@ -296,10 +306,19 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     recipes.channel(args.channel)
     check_stage_names(args.force_stage)
     _lock_if_needed(recipes, args)
-    starting, finished = _stage_printer(args)
     release = None
-    if not args.no_archive:
+    if not args.no_archive:  # checked before anything is written, not after an hour of building
         release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
+        check_repo(release.repo)
+    with exclusive(args.build_dir / args.target, _say):
+        return _build(recipes, args, release)
+
+
+def _build(recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None) -> int:
+    from vllm_bundle.bundle import build_bundle, summary_lines
+    from vllm_bundle.qualify import read_report
+
+    starting, finished = _stage_printer(args)
     with _fetcher(args, None, args.mirror) as fetcher:
         run = build_bundle(
             recipes,
@@ -457,7 +476,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         policy=policy,
         mirror=None if release.is_url() else release.location,
         jobs=args.jobs,
-        verify_cached=args.verify_cache,
+        verify_cached=True,  # re-hash cached parts: cheap beside the extraction, and what is installed is run
     )
     with fetcher:
         install_release(release, dest, fetcher, policy)
@@ -626,6 +645,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_ERROR_LENGTH = 1000
+
+
+def _one_line(text: str) -> str:
+    """An error is one line a person reads: newlines folded, and a runaway detail cut."""
+    line = " ".join(text.split())
+    return line if len(line) <= MAX_ERROR_LENGTH else line[: MAX_ERROR_LENGTH - 1] + "…"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -636,8 +664,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except BundleError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
+        # Every cleanup of ours ran while the interrupt unwound this thread. Exit now rather than wait
+        # for download threads blocked in a socket read: their partial files are kept for a resume.
         print("interrupted: partial downloads are kept and resume on the next run", file=sys.stderr)
-        return 130
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)

@@ -62,5 +62,9 @@ class OfflineMissingError(FetchError):
     """--offline was given and the cache lacks some artifacts."""
 
 
+class CorruptCacheError(FetchError):
+    """A cached file no longer matches the sha256 it was stored under."""
+
+
 class DiskFullError(FetchError):
     """The disk filled up while writing; the partial file was removed."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -30,6 +31,7 @@ from filelock import Timeout as LockTimeout
 from vllm_bundle.cache import Cache
 from vllm_bundle.errors import (
     BundleError,
+    CorruptCacheError,
     DiskFullError,
     FetchError,
     HashMismatchError,
@@ -37,7 +39,7 @@ from vllm_bundle.errors import (
     OfflineMissingError,
 )
 from vllm_bundle.progress import Reporter, human_size
-from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, make_session
+from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_connect_failure, make_session
 
 CHUNK = 1 << 20
 UNREACHABLE_HINT = "check the network, or use --mirror URL|DIR, or --offline with a filled cache"
@@ -80,16 +82,6 @@ def host_of(url: str) -> str:
     return urlsplit(url).netloc
 
 
-def _is_connect_failure(err: Exception) -> bool:
-    """True when the host could not be reached at all (urllib3 has already retried those)."""
-    if isinstance(err, requests.ConnectTimeout):
-        return True
-    if not isinstance(err, requests.ConnectionError):
-        return False
-    reason = getattr(err.args[0], "reason", None) if err.args else None
-    return isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError)
-
-
 def _content_range_ok(header: str | None, start: int, size: int | None) -> bool:
     """A 206 answer is usable only if it starts where our partial file ends (and totals the pin)."""
     if not header or not header.startswith("bytes "):
@@ -112,6 +104,21 @@ def _strong_validator(response: requests.Response) -> str | None:
 def sha256_of(path: Path) -> str:
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def require_sha256(path: Path, sha256: str, filename: str) -> None:
+    """A stage checks its input's bytes before using them: a cache damaged after the download (a disk
+    error, a cache restored from elsewhere) must not end up in a bundle stamped complete."""
+    actual = sha256_of(path)
+    if actual != sha256:
+        raise CorruptCacheError(
+            f"{filename} in the download cache does not match its sha256 (expected {sha256[:16]}…, got {actual[:16]}…)",
+            "run again with --verify-cache to fetch it again",
+        )
+
+
+class _Cancelled(BaseException):
+    """The run was interrupted; the partial file is kept for the next run to resume."""
 
 
 class _BodyBroken(Exception):
@@ -139,6 +146,7 @@ class Fetcher:
         self.verify_cached = verify_cached  # re-hash cache hits (a cache restored from elsewhere)
         self.session = make_session(self.policy, pool_size=self.jobs)
         self.bytes_transferred = 0  # body bytes received over the network in this run
+        self.cancelled = threading.Event()  # set on Ctrl-C: downloads in flight stop at their next chunk
 
     # -- public API -------------------------------------------------------------------------
 
@@ -151,7 +159,8 @@ class Fetcher:
         if self.offline:
             self._require_cached(unique)
         errors: list[BundleError] = []
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        try:
             futures = {pool.submit(self.fetch_one, a): a for a in unique}
             for future in as_completed(futures):
                 err = future.exception() if not future.cancelled() else None
@@ -164,6 +173,13 @@ class Fetcher:
                 if isinstance(err, NetworkError | DiskFullError):  # the rest would fail alike
                     for pending in futures:
                         pending.cancel()
+        except BaseException:
+            # Ctrl-C (or a bug): stop now, not after every download in flight. Workers see the flag at
+            # their next chunk; what they wrote so far stays as resumable partial files.
+            self.cancelled.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         if errors:
             raise self._summarise(errors)
         return {a.sha256: self.cache.blob(a.sha256) for a in unique}
@@ -264,7 +280,11 @@ class Fetcher:
     def _write(self, artifact: Artifact, out: BinaryIO, chunks: Iterable[bytes]) -> None:
         written = out.tell()
         for chunk in chunks:
-            out.write(chunk)
+            if self.cancelled.is_set():
+                raise _Cancelled
+            view = memoryview(chunk)
+            while view:  # an unbuffered file may take part of a chunk at a time
+                view = view[out.write(view) or 0 :]
             written += len(chunk)
             self.reporter.advance(artifact.filename, len(chunk))
             if artifact.size is not None and written > artifact.size:
@@ -341,12 +361,12 @@ class Fetcher:
                 timeout=(self.policy.connect_timeout, self.policy.read_timeout),
             )
         except requests.RequestException as err:
-            if _is_connect_failure(err):
+            if is_connect_failure(err):
                 raise NetworkError(
-                    f"cannot reach {host_of(url)} to download {artifact.filename}: {_reason(err)}",
+                    f"cannot reach {host_of(url)} to download {artifact.filename}: {describe(err)}",
                     UNREACHABLE_HINT,
                 ) from None
-            raise _BodyBroken(_reason(err)) from None
+            raise _BodyBroken(describe(err)) from None
 
     def _download_once(
         self,
@@ -371,11 +391,11 @@ class Fetcher:
             if have and not resuming:
                 self.reporter.restart(artifact.filename, 0, "server ignored the range request; restarting")
             meta_path.write_text(json.dumps({"url": url, "validator": _strong_validator(response)}))
-            with partial.open("ab" if resuming else "wb") as out:
+            with partial.open("ab" if resuming else "wb", buffering=0) as out:
                 try:
                     self._write(artifact, out, self._body(response))
                 except (requests.RequestException, urllib3.exceptions.HTTPError) as err:
-                    raise _BodyBroken(_reason(err)) from None
+                    raise _BodyBroken(describe(err)) from None
         got = partial.stat().st_size
         if artifact.size is not None and got < artifact.size:
             raise _BodyBroken(f"body ended at {got} of {artifact.size} bytes")
@@ -414,13 +434,3 @@ class Fetcher:
         except (OSError, ValueError):
             return None
         return meta.get("validator") if meta.get("url") == url else None
-
-
-def _reason(err: BaseException) -> str:
-    """The innermost useful message of a requests/urllib3 exception chain, on one line."""
-    text = str(err)
-    reason = getattr(err.args[0], "reason", None) if getattr(err, "args", None) else None
-    if reason is not None:
-        text = str(reason)
-    text = text.split(": ", 1)[-1] if text.startswith("<urllib3") else text
-    return " ".join(text.split())[:300]

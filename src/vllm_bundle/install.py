@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import io
 import json
 import os
 import shutil
 import tarfile
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,11 +31,14 @@ import requests
 from filelock import FileLock
 
 from vllm_bundle.errors import BundleError, DiskFullError, NetworkError
+from vllm_bundle.extract import safe_extract
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.manifests import BACKEND_VERSIONS, RELEASE_JSON, ManifestError, part_name, read_json
-from vllm_bundle.transport import RetryPolicy, check_url, make_session
+from vllm_bundle.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
 
 VERSION_FILE = "version.txt"
+MARKER = ".vllm-bundle-install"  # in every install this tool made: the only directories it replaces
+STAGING_MARKER = ".vllm-bundle-staging"
 GITHUB_DOWNLOAD = "https://github.com/{repo}/releases/download/{tag}/"
 
 
@@ -49,6 +55,7 @@ class Release:
     location: str  # "https://.../" (ends with "/") or a directory path
     checksums: dict[str, str]  # part name -> sha256 hex
     sizes: dict[str, int]  # part name -> size, when the manifest gives them
+    archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
 
     @property
     def stem(self) -> str:
@@ -59,7 +66,8 @@ class Release:
 
 
 def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
-    """A small asset (manifest, partcount) from an URL prefix or a directory."""
+    """A small asset (manifest, partcount) from an URL prefix or a directory. A body cut off midway is
+    fetched again (urllib3 already retries connect errors and 429/5xx answers)."""
     if urlsplit(location).scheme not in ("http", "https"):
         path = Path(location) / name
         try:
@@ -68,13 +76,20 @@ def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
             raise InstallError(f"cannot read {path}: {err.strerror}", "is this a release directory?") from None
     url = location + quote(name)
     check_url(url)
-    try:
-        answer = make_session(policy).get(url, timeout=(policy.connect_timeout, policy.read_timeout))
-    except requests.RequestException as err:
-        raise NetworkError(f"cannot reach {url}: {type(err).__name__}", "check the URL and your network") from None
-    if answer.status_code != 200:
-        raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
-    return answer.content
+    with make_session(policy) as session:
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                answer = session.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
+                if answer.status_code != 200:
+                    raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
+                return answer.content
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as err:
+                if attempt == policy.attempts or is_connect_failure(err):
+                    raise NetworkError(
+                        f"cannot download {url}: {describe(err)}", "check the URL and your network"
+                    ) from None
+                time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")
 
 
 def _as_location(source: str) -> str:
@@ -93,6 +108,7 @@ def release_from_assets(source: str, policy: RetryPolicy) -> Release:
             location,
             {p["name"]: p["sha256"] for p in parts},
             {p["name"]: int(p["size"]) for p in parts},
+            doc["archive"].get("sha256"),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise ManifestError(f"{location}{RELEASE_JSON} is not a release manifest ({err})") from None
@@ -141,11 +157,13 @@ def _asset_url(release: Release, name: str) -> str:
 
 
 class _Concatenated(io.RawIOBase):
-    """The parts, read one after the other as one stream (what ``cat part*`` gives a shell)."""
+    """The parts, read one after the other as one stream (what ``cat part*`` gives a shell), hashed as
+    they are read."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
         self._paths = list(paths)
         self._handle: io.BufferedReader | None = None
+        self.digest = hashlib.sha256()
 
     def readable(self) -> bool:
         return True
@@ -158,6 +176,7 @@ class _Concatenated(io.RawIOBase):
                 self._handle = self._paths.pop(0).open("rb")
             count = self._handle.readinto(buffer)
             if count:
+                self.digest.update(memoryview(buffer)[:count])
                 return count
             self._handle.close()
             self._handle = None
@@ -168,18 +187,24 @@ class _Concatenated(io.RawIOBase):
         super().close()
 
 
-def extract_parts(parts: Sequence[Path], dest: Path) -> None:
-    """Extract the archive the parts make up into ``dest`` with tarfile's ``data`` filter, which refuses
-    absolute names, ``..``, links leaving ``dest`` and device files."""
-    stream = io.BufferedReader(_Concatenated(parts), buffer_size=1 << 20)
-    try:
-        with stream, tarfile.open(fileobj=stream, mode="r|gz") as archive:
-            for member in archive:
-                archive.extract(member, dest, filter="data")
-    except (tarfile.TarError, EOFError, OSError) as err:
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            raise DiskFullError(f"the disk under {dest} filled up while extracting", "free space and retry") from None
-        raise InstallError(f"cannot extract the release: {err}", "the parts are damaged; install again") from None
+def extract_parts(parts: Sequence[Path], dest: Path, tag: str, archive_sha256: str | None = None) -> None:
+    """Extract the archive the parts make up into ``dest`` (see :mod:`vllm_bundle.extract`), and check
+    the whole archive's sha256 against release.json's when it gives one."""
+    raw = _Concatenated(parts)
+    stream = io.BufferedReader(raw, buffer_size=1 << 20)
+    with stream:
+        try:
+            with tarfile.open(fileobj=stream, mode="r|gz") as archive:
+                safe_extract(archive, dest, f"the {tag} release")
+        except tarfile.TarError as err:
+            raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
+        while stream.read(1 << 20):  # what the tar reader left unread (end blocks, gzip trailer)
+            pass
+    if archive_sha256 is not None and raw.digest.hexdigest() != archive_sha256:
+        raise InstallError(
+            f"the {tag} release's parts put together do not match release.json's archive sha256",
+            "the release is mixed up: install again, or re-publish it",
+        )
 
 
 def _rename_exchange(first: Path, second: Path) -> bool:
@@ -195,16 +220,16 @@ def _rename_exchange(first: Path, second: Path) -> bool:
 
 
 def swap_into_place(staging: Path, dest: Path) -> None:
-    """``staging`` becomes ``dest``; an existing ``dest`` is removed only once the new one is in place."""
+    """``staging`` becomes ``dest``; an existing ``dest`` (an install of ours, checked by the caller) is
+    removed only once the new one is in place."""
     if not dest.exists():
         staging.rename(dest)
         return
     if _rename_exchange(staging, dest):
         shutil.rmtree(staging)  # now the previous install
         return
-    previous = dest.with_name(f".{dest.name}.previous")
-    shutil.rmtree(previous, ignore_errors=True)
-    dest.rename(previous)
+    previous = Path(tempfile.mkdtemp(prefix=f".{dest.name}.previous-", dir=dest.parent))
+    dest.rename(previous)  # onto the empty directory just made: a name nobody else uses
     try:
         staging.rename(dest)
     except OSError:
@@ -220,11 +245,37 @@ def installed_tag(dest: Path) -> str | None:
         return None
 
 
+def _ours(directory: Path) -> bool:
+    """An install made by this tool: it holds our marker (or, from before the marker, the version file
+    and launcher every bundle install has)."""
+    if (directory / MARKER).is_file():
+        return True
+    return (directory / VERSION_FILE).is_file() and (directory / "bin" / "vllm-server").is_file()
+
+
+def check_destination(dest: Path) -> None:
+    """Install only ever replaces a directory it made, or fills a new or empty one; anything else is
+    refused with nothing touched."""
+    hint = "pick a new or empty --dest, or the directory of an earlier install; nothing was changed"
+    if dest.is_symlink():
+        raise InstallError(f"--dest {dest} is a symlink", "pass the directory it points to as --dest")
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise InstallError(f"--dest {dest} exists and is not a directory", hint)
+    if any(dest.iterdir()) and not _ours(dest):
+        raise InstallError(f"--dest {dest} is not an install made by vllm-bundle (it holds other files)", hint)
+
+
 @contextmanager
-def _staging(dest: Path, tag: str) -> Iterator[Path]:
-    staging = dest.with_name(f".{dest.name}.staging-{tag}")
-    shutil.rmtree(staging, ignore_errors=True)  # a killed earlier attempt
-    staging.mkdir()
+def _staging(dest: Path) -> Iterator[Path]:
+    """A new staging directory beside ``dest`` (the same file system, for the final rename); ones left
+    by killed earlier attempts (they carry our marker) are removed first."""
+    for stale in dest.parent.glob(f".{dest.name}.staging-*"):
+        if (stale / STAGING_MARKER).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.staging-", dir=dest.parent))
+    (staging / STAGING_MARKER).touch()
     try:
         yield staging
     finally:
@@ -240,12 +291,14 @@ def install_release(
 ) -> bool:
     """Install ``release`` at ``dest``; False when that tag was already installed there."""
     dest = dest.absolute()
+    check_destination(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(dest.with_name(f".{dest.name}.lock"))):
+        with FileLock(str(dest.with_name(f".{dest.name}.vllm-bundle.lock"))):
+            check_destination(dest)  # again, now that no other installer can change it
             installed = _install_locked(release, dest, fetcher, policy, say)
     except OSError as err:
-        if err.errno == errno.ENOSPC:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFullError(f"the disk under {dest.parent} is full", "free space and retry") from None
         where = err.filename or dest.parent
         raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
@@ -257,17 +310,19 @@ def install_release(
 def _install_locked(
     release: Release, dest: Path, fetcher: Fetcher, policy: RetryPolicy, say: Callable[[str], None]
 ) -> bool:
-    if installed_tag(dest) == release.tag:
+    if installed_tag(dest) == release.tag and _ours(dest):
         say(f"{release.tag} is already installed in {dest}; nothing to do")
         return False
     artifacts = part_artifacts(release, policy)
     say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
     fetched = fetcher.fetch_all(artifacts)
-    with _staging(dest, release.tag) as staging:
-        extract_parts([fetched[a.sha256] for a in artifacts], staging)
+    with _staging(dest) as staging:
+        extract_parts([fetched[a.sha256] for a in artifacts], staging, release.tag, release.archive_sha256)
+        (staging / STAGING_MARKER).unlink()
         launcher = staging / "bin" / "vllm-server"
         if not launcher.is_file() or not os.access(launcher, os.X_OK):
             raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
         (staging / VERSION_FILE).write_text(release.tag)
+        (staging / MARKER).write_text(release.tag)
         swap_into_place(staging, dest)
     return True

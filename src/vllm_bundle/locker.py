@@ -44,7 +44,7 @@ from vllm_bundle.lockfile import (
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.sdist_requirements import extract_requirement_files, filter_requirement_files
 from vllm_bundle.simple_index import IndexFile, project_files
-from vllm_bundle.transport import check_url
+from vllm_bundle.transport import check_url, describe
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def _get_text(session: requests.Session, source: Source) -> str:
     try:
         response = session.get(source.url, timeout=60)
     except requests.RequestException as err:
-        raise NetworkError(f"cannot download {source.url}: {err}", UNREACHABLE_HINT) from None
+        raise NetworkError(f"cannot download {source.url}: {describe(err)}", UNREACHABLE_HINT) from None
     if response.status_code != 200:
         raise LockError(f"{source.url} answered HTTP {response.status_code}", "check the recipe's release date")
     return response.text
@@ -200,7 +200,7 @@ def _content_length(fetcher: Fetcher, url: str) -> int:
     try:
         response = fetcher.session.head(url, allow_redirects=True, timeout=60)
     except requests.RequestException as err:
-        raise NetworkError(f"cannot reach {url} to read its size: {err}", UNREACHABLE_HINT) from None
+        raise NetworkError(f"cannot reach {url} to read its size: {describe(err)}", UNREACHABLE_HINT) from None
     length = response.headers.get("Content-Length")
     if response.status_code != 200 or not (length and length.isdigit()):
         raise LockError(f"cannot read the size of {url} (HTTP {response.status_code})", "check the index")
@@ -247,7 +247,7 @@ def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: 
     index = sources.index or channel.pypi_index
     fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {index}")
     sdist, entry = lock_vllm_sdist(recipes, index, fetcher)
-    top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm")
+    top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm", recipes.vllm.version)
     filtered = filter_requirement_files(top, recipes.vllm.requirement_files, recipes.vllm.drop_requirements)
     for line in filtered.dropped:
         fetcher.reporter.note(f"lock   dropped from vLLM's requirements: {line}")

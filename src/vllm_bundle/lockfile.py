@@ -9,6 +9,7 @@ edited or swapped alone without ``lock --check`` noticing.
 from __future__ import annotations
 
 import hashlib
+import json
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from vllm_bundle.errors import LockError, LockMissingError
 from vllm_bundle.fetch import Artifact
 
-LOCK_VERSION = 1
+LOCK_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,14 @@ def render_lock(lock: Lock, header: str) -> bytes:
             if a.sha256 == sha
         ],
     }
+    doc["content-sha256"] = content_digest(doc)
     return (header + tomli_w.dumps(doc)).encode()
+
+
+def content_digest(doc: Mapping[str, Any]) -> str:
+    """The hash of every field of a lock but this one: an edit by hand (a size, a sha256, an URL) shows."""
+    fields = {key: value for key, value in doc.items() if key != "content-sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _load_toml(path: Path, what: str) -> dict[str, Any]:
@@ -98,6 +106,11 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         raise LockError(
             f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
             "re-lock with this version of the tool",
+        )
+    if doc.get("content-sha256") != content_digest(doc):
+        raise LockError(
+            f"{lock_path} was edited by hand (its content-sha256 does not match its fields)",
+            "re-lock instead of editing lock files by hand",
         )
     _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
     pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()

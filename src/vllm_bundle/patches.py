@@ -195,7 +195,9 @@ def apply_series(tree: Path, series: list[list[Patch]], version: Version) -> lis
     plan = _plan(tree, series, version)
     touched = sorted({f for patch, _ in plan if patch for f in patch.files})
     outcomes: list[Outcome] = []
-    with tempfile.TemporaryDirectory(prefix="vllm-bundle-patch-") as tmp:
+    # Scratch space beside the tree, not in $TMPDIR: its files are renamed into the tree at the end, and
+    # a rename cannot cross file systems (a tmpfs /tmp, as on Fedora or Arch).
+    with tempfile.TemporaryDirectory(prefix=".patch-scratch-", dir=tree.parent) as tmp:
         scratch = Path(tmp)
         for name in touched:
             if (tree / name).is_file():

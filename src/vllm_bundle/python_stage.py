@@ -1,24 +1,21 @@
-"""The ``python`` stage: python-build-standalone's CPython, extracted safely and made relocatable.
-
-Extraction is stricter than tarfile's "data" filter (which it also applies): every entry is checked
-before anything is written, and an absolute name, a ``..`` component, a link (symbolic or hard)
-that leaves the tree, a device node or FIFO, or an entry outside ``python/`` refuses the archive.
-"""
+"""The ``python`` stage: python-build-standalone's CPython, verified, extracted safely (see
+:mod:`vllm_bundle.extract`) and made relocatable."""
 
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import tarfile
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.fetch import require_sha256
 from vllm_bundle.stage import StageResult, run_stage
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 TOP = "python"
 BUILD_PREFIX = "/install"  # python-build-standalone's build prefix, left in its build files
 
@@ -37,63 +34,13 @@ build_time_vars = _vllm_bundle_relocate(build_time_vars)
 """
 
 
-class UnsafeArchiveError(BundleError):
-    """An archive entry would write outside its destination or create a special file."""
-
-
-def _inside_top(base: PurePosixPath, target: str) -> bool:
-    """Whether ``base/target`` stays inside ``python/`` (the part of the archive that is extracted)."""
-    normal = posixpath.normpath(str(base / target))
-    return normal.startswith(TOP + "/")
-
-
-def check_member(member: tarfile.TarInfo) -> str | None:
-    """Why an entry of a CPython tarball is unsafe, or None."""
-    name = PurePosixPath(member.name)
-    if member.name.startswith("/"):
-        return "has an absolute path"
-    if ".." in name.parts:
-        return "has a '..' component"
-    if name.parts[0] != TOP:
-        return f"is outside the {TOP}/ directory"
-    if member.isdev() or member.isfifo():
-        return "is a device node or FIFO"
-    if member.issym() and (member.linkname.startswith("/") or not _inside_top(name.parent, member.linkname)):
-        return f"is a symlink leaving the tree (-> {member.linkname})"
-    if member.islnk():
-        target = PurePosixPath(member.linkname)
-        if member.linkname.startswith("/") or ".." in target.parts or target.parts[0] != TOP:
-            return f"is a hard link leaving the tree (-> {member.linkname})"
-    return None
-
-
-def _strip_top(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    member = tarfile.data_filter(member, dest)
-    parts = PurePosixPath(member.name).parts
-    if len(parts) == 1:
-        return None
-    name = str(PurePosixPath(*parts[1:]))
-    if member.islnk():
-        linkname = str(PurePosixPath(*PurePosixPath(member.linkname).parts[1:]))
-        return member.replace(name=name, linkname=linkname, deep=False)
-    return member.replace(name=name, deep=False)
-
-
-def extract_python(tarball: Path, dest: Path) -> None:
-    """Extract the tarball's ``python/`` tree into ``dest`` after checking every entry."""
+def extract_python(tarball: Path, dest: Path, filename: str) -> None:
+    """Extract the tarball's ``python/`` tree into ``dest``, refusing any unsafe entry."""
     try:
         with tarfile.open(tarball, "r:*") as archive:
-            members = archive.getmembers()
-            for member in members:
-                reason = check_member(member)
-                if reason:
-                    raise UnsafeArchiveError(
-                        f"refusing to extract {tarball.name}: entry {member.name!r} {reason}",
-                        "this is not a python-build-standalone tarball: re-lock, or check the mirror",
-                    )
-            archive.extractall(dest, members=members, filter=_strip_top)  # noqa: S202 - checked above
+            safe_extract(archive, dest, filename, top=TOP)
     except tarfile.TarError as err:
-        raise UnsafeArchiveError(f"cannot extract {tarball.name}: {err}", "fetch it again") from None
+        raise UnsafeArchiveError(f"cannot read {filename}: {err}", "fetch it again") from None
 
 
 def fix_build_paths(root: Path, minor: str) -> list[Path]:
@@ -121,11 +68,17 @@ def fix_build_paths(root: Path, minor: str) -> list[Path]:
     return fixed
 
 
-def python_stage(tarball: Path, sha256: str, minor: str, out: Path, force: bool = False) -> StageResult:
+def python_stage(
+    tarball: Path, sha256: str, minor: str, out: Path, force: bool = False, filename: str | None = None
+) -> StageResult:
+    """``filename``: the artifact's own name, for messages (``tarball`` may be a cache blob)."""
+    name = filename or tarball.name
+
     def build(tmp: Path) -> Mapping[str, Any]:
-        extract_python(tarball, tmp)
+        require_sha256(tarball, sha256, name)
+        extract_python(tarball, tmp, name)
         if not (tmp / "bin" / f"python{minor}").exists():
-            raise BundleError(f"{tarball.name} has no bin/python{minor}", "check python.version in the recipe")
+            raise BundleError(f"{name} has no bin/python{minor}", "check python.version in the recipe")
         fixed = fix_build_paths(tmp, minor)
         return {"fixed": [os.fspath(p.relative_to(tmp)) for p in fixed]}
 

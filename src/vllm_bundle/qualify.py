@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -30,8 +29,10 @@ from packaging.version import Version
 
 from vllm_bundle.assemble import Layout, library_dirs
 from vllm_bundle.elf import dynamic_info, is_elf
-from vllm_bundle.errors import BundleError, RecipeError
-from vllm_bundle.recipes import Target
+from vllm_bundle.errors import BundleError
+from vllm_bundle.extract import symlink_problems
+from vllm_bundle.install import extract_parts
+from vllm_bundle.recipes import Table, Target, read_toml
 from vllm_bundle.records import verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
 from vllm_bundle.stage import StageResult, run_stage
@@ -80,16 +81,12 @@ class Report:
 
 
 def load_rules(recipes_dir: Path) -> QualifyRules:
-    path = recipes_dir / QUALIFY_FILE
-    try:
-        doc = tomllib.loads(path.read_text())
-        return QualifyRules(
-            frozenset(doc["system-libraries"]), tuple(doc["system-library-dirs"]), tuple(doc["smoke-imports"])
-        )
-    except FileNotFoundError:
-        raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
-    except (tomllib.TOMLDecodeError, KeyError, TypeError) as err:
-        raise RecipeError(f"bad recipe {QUALIFY_FILE}: {err}") from None
+    rules = Table(read_toml(recipes_dir / QUALIFY_FILE), QUALIFY_FILE)
+    return QualifyRules(
+        frozenset(rules.strings("system-libraries")),
+        rules.strings("system-library-dirs"),
+        rules.strings("smoke-imports"),
+    )
 
 
 def _expand(entry: str, origin: Path) -> Path:
@@ -208,6 +205,11 @@ def check_device_code(layout: Layout, target: Target) -> CheckResult:
     return CheckResult("device-code", not problems, f"device code for {', '.join(target.isas)}", problems)
 
 
+def check_symlinks(layout: Layout) -> CheckResult:
+    problems = symlink_problems(layout.root)
+    return CheckResult("symlinks", not problems, "every symlink stays inside the bundle", problems)
+
+
 def check_launcher(layout: Layout) -> CheckResult:
     launcher, problems = layout.root / "bin" / "vllm-server", []
     if not launcher.is_file():
@@ -273,6 +275,7 @@ def qualify_tree(
         lambda: check_torch_requirement(layout),
         lambda: check_records(layout),
         lambda: check_device_code(layout, target),
+        lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
         lambda: check_build_paths(layout, build_dir),
         lambda: check_size(layout, target),
@@ -288,33 +291,20 @@ def qualify_tree(
 
 @contextmanager
 def bundle_root(source: Path) -> Iterator[Path]:
-    """A bundle directory as is; an archive or its parts extracted (as installers do) to a temp dir."""
+    """A bundle directory as is; an archive or its parts extracted (safely, as installers do) to a temp dir."""
     if source.is_dir() and (source / "bin").is_dir():
         yield source
         return
     parts = sorted(source.glob("*.part*-of-*.tar.gz")) if source.is_dir() else [source]
-    if not parts:
+    if not parts or not all(part.is_file() for part in parts):
         raise QualificationError(f"{source} is neither a bundle tree nor an archive or a directory of parts")
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-qualify-") as tmp:
-        archive, root = Path(tmp) / "bundle.tar.gz", Path(tmp) / "root"
-        with archive.open("wb") as out:
-            for part in parts:
-                with part.open("rb") as handle:
-                    shutil.copyfileobj(handle, out)
-        root.mkdir()
-        result = subprocess.run(
-            ["tar", "-xzf", str(archive), "-C", str(root), "--strip-components=1", "--no-same-owner"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        archive.unlink()
-        if result.returncode != 0:
-            raise QualificationError(f"cannot extract {source}: {result.stderr.strip()}")
+        root = Path(tmp) / "root"
+        extract_parts(parts, root, source.name)
         yield root
 
 
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 REPORT = "qualification.json"
 
 

@@ -147,7 +147,7 @@ class Recipes:
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-class _Table:
+class Table:
     """A TOML table with the path that leads to it, for ``file: key`` error messages."""
 
     def __init__(self, data: Mapping[str, Any], file: str, path: str = "") -> None:
@@ -188,11 +188,11 @@ class _Table:
             raise self.fail(key, "a positive number")
         return float(value)
 
-    def table(self, key: str) -> _Table:
+    def table(self, key: str) -> Table:
         sub = self.get(key, dict, "a table")
-        return _Table(sub, self.file, f"{self.path + '.' if self.path else ''}{key}")
+        return Table(sub, self.file, f"{self.path + '.' if self.path else ''}{key}")
 
-    def items(self) -> list[tuple[str, _Table]]:
+    def items(self) -> list[tuple[str, Table]]:
         return [(key, self.table(key)) for key in self.data]
 
     def specifier(self, key: str) -> str:
@@ -212,7 +212,7 @@ class _Table:
         return value
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
@@ -222,7 +222,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise RecipeError(f"bad recipe {path.name}: not valid TOML: {err}") from None
 
 
-def _parse_targets(doc: _Table) -> dict[str, Target]:
+def _parse_targets(doc: Table) -> dict[str, Target]:
     templates = doc.table("device-wheels")
     wheel_templates = [templates.text(kind) for kind in templates.data]
     for kind in templates.data:
@@ -247,7 +247,7 @@ def _parse_targets(doc: _Table) -> dict[str, Target]:
     return targets
 
 
-def _parse_channels(doc: _Table, components: tuple[str, ...]) -> dict[str, Channel]:
+def _parse_channels(doc: Table, components: tuple[str, ...]) -> dict[str, Channel]:
     channels = {}
     for name, entry in doc.table("channels").items():
         layout = entry.text("therock-layout")
@@ -270,7 +270,7 @@ def _parse_channels(doc: _Table, components: tuple[str, ...]) -> dict[str, Chann
     return channels
 
 
-def _parse_python(doc: _Table) -> PythonRecipe:
+def _parse_python(doc: Table) -> PythonRecipe:
     python = doc.table("python")
     version = python.version("version")
     release = python.text("release")
@@ -285,11 +285,11 @@ def _parse_python(doc: _Table) -> PythonRecipe:
     )
 
 
-def _parse_attention(vllm: _Table) -> tuple[AttentionRule, ...]:
+def _parse_attention(vllm: Table) -> tuple[AttentionRule, ...]:
     entries = vllm.get("attention", list, "a list of [[vllm.attention]] tables")
     rules = []
     for index, entry in enumerate(entries):
-        table = _Table(entry, vllm.file, f"{vllm.path}.attention[{index}]")
+        table = Table(entry, vllm.file, f"{vllm.path}.attention[{index}]")
         flag, env = table.data.get("flag"), table.data.get("env")
         if (flag is None) == (env is None):
             raise table.fail("flag", "exactly one of flag = '--...' or env = 'NAME'")
@@ -306,20 +306,20 @@ def _parse_attention(vllm: _Table) -> tuple[AttentionRule, ...]:
 
 def load_targets(root: Path) -> dict[str, Target]:
     """Only ``targets.toml``: all an installer needs (the ISA -> target table)."""
-    return _parse_targets(_Table(_read_toml(root / TARGETS_FILE), TARGETS_FILE))
+    return _parse_targets(Table(read_toml(root / TARGETS_FILE), TARGETS_FILE))
 
 
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
-    raw = {name: _read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
-    components = _Table(raw[COMPONENTS_FILE], COMPONENTS_FILE)
+    raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
+    components = Table(raw[COMPONENTS_FILE], COMPONENTS_FILE)
     pinned = components.table("wheels")
     component_requirements = {name: pinned.strings(name) for name in pinned.data}
     vllm = components.table("vllm")
     return Recipes(
         root=root,
-        targets=_parse_targets(_Table(raw[TARGETS_FILE], TARGETS_FILE)),
-        channels=_parse_channels(_Table(raw[CHANNELS_FILE], CHANNELS_FILE), tuple(pinned.data)),
+        targets=_parse_targets(Table(raw[TARGETS_FILE], TARGETS_FILE)),
+        channels=_parse_channels(Table(raw[CHANNELS_FILE], CHANNELS_FILE), tuple(pinned.data)),
         python=_parse_python(components),
         component_requirements=component_requirements,
         vllm=VllmRecipe(

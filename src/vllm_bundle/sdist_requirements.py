@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_bundle.errors import LockError
+from vllm_bundle.extract import safe_extract
 
 INDEX_OPTIONS = ("--index-url", "-i", "--extra-index-url", "--find-links", "-f", "--trusted-host")
 
@@ -25,22 +26,22 @@ class FilteredRequirements:
     dropped: list[str]
 
 
-def extract_requirement_files(sdist: Path, dest: Path) -> Path:
-    """Extract ``<top>/requirements/*`` of the source release into ``dest``; returns the top dir."""
+def extract_requirement_files(sdist: Path, dest: Path, version: str) -> Path:
+    """Extract ``vllm-<version>/requirements/*`` of the source release into ``dest``; returns the tree
+    they are in (``dest``, the top directory stripped)."""
+    name = f"vllm-{version}.tar.gz"
+
+    def wanted(final: str, member: tarfile.TarInfo) -> bool:
+        return member.isfile() and final.startswith("requirements/")
+
     try:
         with tarfile.open(sdist, "r:gz") as archive:
-            members = [m for m in archive.getmembers() if _is_requirement_file(m)]
-            if not members:
-                raise LockError(f"{sdist.name} has no requirements/ directory", "check vllm.version")
-            archive.extractall(dest, members=members, filter="data")
-    except (tarfile.TarError, OSError) as err:
-        raise LockError(f"cannot read {sdist.name}: {err}", "delete it from the cache and re-lock") from None
-    return dest / PurePosixPath(members[0].name).parts[0]
-
-
-def _is_requirement_file(member: tarfile.TarInfo) -> bool:
-    parts = PurePosixPath(member.name).parts
-    return member.isfile() and len(parts) >= 3 and parts[1] == "requirements" and ".." not in parts
+            count = safe_extract(archive, dest, name, top=f"vllm-{version}", select=wanted)
+    except tarfile.TarError as err:
+        raise LockError(f"cannot read {name}: {err}", "delete it from the cache and re-lock") from None
+    if not count:
+        raise LockError(f"{name} has no requirements/ directory", "check vllm.version")
+    return dest
 
 
 def _requirement_name(line: str) -> str | None:

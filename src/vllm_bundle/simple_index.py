@@ -15,7 +15,7 @@ import requests
 
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.fetch import UNREACHABLE_HINT
-from vllm_bundle.transport import check_url
+from vllm_bundle.transport import check_url, describe
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
@@ -61,7 +61,7 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
     try:
         response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"}, timeout=60)
     except requests.RequestException as err:
-        raise NetworkError(f"cannot read the index page {page}: {err}", UNREACHABLE_HINT) from None
+        raise NetworkError(f"cannot read the index page {page}: {describe(err)}", UNREACHABLE_HINT) from None
     if response.status_code == 404:
         raise LockError(f"the index {index} has no project {project!r}", "check the channel's index URL")
     if response.status_code != 200:

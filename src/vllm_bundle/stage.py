@@ -9,16 +9,21 @@ finished, and an unchanged stage is skipped.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import RecipeError
+from filelock import FileLock
+from filelock import Timeout as LockTimeout
+
+from vllm_bundle.errors import DiskFullError, RecipeError
 from vllm_bundle.fsutil import atomic_write
 
 #: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
@@ -81,23 +86,58 @@ def run_stage(
     again when the stage is skipped.
     """
     key = stage_key(name, version, inputs)
-    stamp = read_stamp(out)
-    if stamp and stamp.get("key") == key and not force:
-        return StageResult(name, out, key, True, 0.0, stamp.get("details", {}))
-    began = time.monotonic()
-    _stamp_path(out).unlink(missing_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # One writer per stage output (two build directories may share a bundles directory); a second
+    # process waits, then finds the first one's stamp.
+    with FileLock(out.parent / f".{out.name}.lock"):
+        stamp = read_stamp(out)
+        if stamp and stamp.get("key") == key and not force:
+            return StageResult(name, out, key, True, 0.0, stamp.get("details", {}))
+        began = time.monotonic()
+        try:
+            details = _build_in_place(out, build)
+            record = {"stage": name, "key": key, "inputs": inputs, "details": details}
+            atomic_write(_stamp_path(out), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+        except OSError as err:
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(
+                    f"the disk under {out.parent} filled up while building the {name} stage; nothing of it was kept",
+                    "free space, or pass --build-dir on a larger disk",
+                ) from None
+            raise
+    return StageResult(name, out, key, False, time.monotonic() - began, details)
+
+
+def _build_in_place(out: Path, build: Callable[[Path], Mapping[str, Any] | None]) -> dict[str, Any]:
+    """Build into a temporary directory beside ``out`` and rename it into place; the stamp (removed
+    first, written by the caller last) says whether ``out`` is complete."""
+    _stamp_path(out).unlink(missing_ok=True)
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         details = dict(build(tmp) or {})
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    record = {"stage": name, "key": key, "inputs": inputs, "details": details}
-    atomic_write(_stamp_path(out), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
-    return StageResult(name, out, key, False, time.monotonic() - began, details)
+    return details
+
+
+@contextmanager
+def exclusive(directory: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """One builder per build directory: a second run waits for the first (and says so), then reuses
+    what it completed."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(directory / ".vllm-bundle.lock")
+    try:
+        lock.acquire(timeout=0)
+    except LockTimeout:
+        say(f"wait   another vllm-bundle is building {directory}; waiting for it to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()

@@ -6,11 +6,17 @@ Retry-After honoured); a connection that drops in the middle of a body is resume
 
 from __future__ import annotations
 
+import errno
+import http.client
 import ipaddress
+import socket
+import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import requests
+import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -25,6 +31,8 @@ class RetryPolicy:
     """How hard to try. ``attempts`` counts tries per request and per resumed body."""
 
     attempts: int = 6
+    #: A host that refuses the connection or has no address is rarely back a second later: fewer tries.
+    connect_attempts: int = 3
     backoff: float = 0.5  # seconds; doubles each retry
     max_backoff: float = 30.0
     connect_timeout: float = 15.0
@@ -61,7 +69,7 @@ def check_url(url: str) -> None:
 def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
     retry = Retry(
         total=policy.attempts - 1,
-        connect=policy.attempts - 1,
+        connect=min(policy.connect_attempts, policy.attempts) - 1,
         read=0,  # body errors are resumed by the fetcher, not restarted from zero
         status=policy.attempts - 1,
         other=policy.attempts - 1,
@@ -80,3 +88,56 @@ def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
     # Compressed transfer would make byte offsets (Range) and sizes meaningless.
     session.headers["Accept-Encoding"] = "identity"
     return session
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and what it wraps: requests and urllib3 nest their causes in args, reason and __cause__."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [err]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        nested = [getattr(current, "reason", None), current.__cause__, current.__context__]
+        nested += [arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException)]
+        pending += [item for item in nested if isinstance(item, BaseException)]
+
+
+def describe(err: BaseException) -> str:
+    """A network failure in a few words ("connection refused", "host name not found", "connection broken
+    after N of M bytes"), never a tuple or an object's repr. Hand-written: requests and urllib3 nest
+    the cause several levels deep and print it as Python reprs."""
+    chain = list(_chain(err))
+    for item in chain:
+        if isinstance(item, http.client.IncompleteRead):  # urllib3's too; its `partial` is a count
+            done = item.partial if isinstance(item.partial, int) else len(item.partial)
+            total = f" of {done + item.expected}" if isinstance(item.expected, int) else ""
+            return f"connection broken after {done}{total} bytes"
+        if isinstance(item, urllib3.exceptions.NameResolutionError | socket.gaierror):
+            return "host name not found"
+        if isinstance(item, ConnectionRefusedError) or getattr(item, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        if isinstance(item, ConnectionResetError):
+            return "connection reset by the server"
+        if isinstance(item, ssl.SSLError):
+            return f"TLS error: {item.reason or item}"
+    # Last: urllib3's NewConnectionError is a ConnectTimeoutError whatever the cause found above.
+    for item in chain:
+        if isinstance(item, urllib3.exceptions.ConnectTimeoutError | requests.ConnectTimeout):
+            return "connection timed out"
+        if isinstance(item, urllib3.exceptions.ReadTimeoutError | requests.ReadTimeout | TimeoutError):
+            return "no data before the read timeout"
+    text = str(chain[-1]) or type(chain[-1]).__name__
+    return " ".join(text.split())[:200]
+
+
+def is_connect_failure(err: BaseException) -> bool:
+    """True when the host could not be reached at all (urllib3 has already retried those)."""
+    if isinstance(err, requests.ConnectTimeout):
+        return True
+    if not isinstance(err, requests.ConnectionError):
+        return False
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.fetch import require_sha256
 from vllm_bundle.recipes import Target
 from vllm_bundle.sdist_requirements import filter_torch_family
 from vllm_bundle.stage import StageResult, run_stage
@@ -138,6 +139,7 @@ def prebuilt_wheel_stage(wheel: Path, sha256: str, out: Path, force: bool = Fals
     """Stage ``vllm-wheel`` in repackage mode: the locked prebuilt wheel, taken as it is."""
 
     def build(tmp: Path) -> Mapping[str, Any]:
+        require_sha256(wheel, sha256, wheel.name)
         name = wheel.name if wheel.name.endswith(".whl") else None
         if name is None:
             raise BuildError(f"the cached vLLM wheel {wheel} has no wheel file name")
