@@ -9,9 +9,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from platformdirs import user_cache_dir
@@ -148,28 +149,47 @@ def small_disk(mount_point: Path, size: str) -> Iterator[Path]:
 OLD_VLLM = "0.11.0"  # its CMakeLists.txt lacks gfx1150/gfx1151
 
 
+class VllmSdists:
+    """Real vLLM source releases from PyPI, verified against PyPI's sha256 and downloaded once into a
+    cache that outlives the test run (by the production fetcher, several at a time)."""
+
+    def __init__(self) -> None:
+        from vllm_bundle.cache import Cache
+        from vllm_bundle.fetch import Fetcher
+        from vllm_bundle.progress import PlainReporter
+
+        self.fetcher = Fetcher(Cache(TEST_DOWNLOADS), PlainReporter(), jobs=8)
+        self._index: dict[str, Any] | None = None
+        self._found: dict[str, Path] = {}
+
+    def _artifact(self, version: str) -> Any:
+        from vllm_bundle.fetch import Artifact
+        from vllm_bundle.simple_index import project_files
+
+        if self._index is None:  # one read of PyPI's file list for every version asked for
+            self._index = {f.filename: f for f in project_files(self.fetcher.session, PYPI, "vllm")}
+        entry = self._index[f"vllm-{version}.tar.gz"]
+        assert entry.sha256
+        return Artifact("vllm", entry.filename, entry.url, entry.sha256, entry.size)
+
+    def many(self, versions: Sequence[str]) -> dict[str, Path]:
+        wanted = [v for v in versions if v not in self._found]
+        artifacts = {v: self._artifact(v) for v in wanted}
+        fetched = self.fetcher.fetch_all(list(artifacts.values()))
+        self._found.update({v: fetched[a.sha256] for v, a in artifacts.items()})
+        return {v: self._found[v] for v in versions}
+
+    def __call__(self, version: str) -> Path:
+        return self.many([version])[version]
+
+
+PYPI = "https://pypi.org/simple/"
+
+
 @pytest.fixture(scope="session")
-def vllm_sdist() -> Callable[[str], Path]:
-    """``vllm_sdist("0.33.0")``: the real source release from PyPI, verified against PyPI's sha256 and
-    downloaded once into a cache that outlives the test run (the production fetcher does it)."""
-    from vllm_bundle.cache import Cache
-    from vllm_bundle.fetch import Artifact, Fetcher
-    from vllm_bundle.progress import PlainReporter
-    from vllm_bundle.simple_index import project_files
-
-    fetcher = Fetcher(Cache(TEST_DOWNLOADS), PlainReporter())
-    found: dict[str, Path] = {}
-
-    def get(version: str) -> Path:
-        if version not in found:
-            filename = f"vllm-{version}.tar.gz"
-            entries = {f.filename: f for f in project_files(fetcher.session, "https://pypi.org/simple/", "vllm")}
-            entry = entries[filename]
-            assert entry.sha256
-            found[version] = fetcher.fetch_one(Artifact("vllm", filename, entry.url, entry.sha256, entry.size))
-        return found[version]
-
-    return get
+def vllm_sdist() -> VllmSdists:
+    """``vllm_sdist("0.33.0")`` (or ``vllm_sdist.many([...])``): real vLLM source releases from PyPI."""
+    return VllmSdists()
 
 
 @pytest.fixture(scope="session")

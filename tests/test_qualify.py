@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
@@ -40,6 +42,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "torch-requirement",
         "records",
         "device-code",
+        "vllm-device-code",
         "symlinks",
         "launcher",
         "build-paths",
@@ -165,3 +168,44 @@ def test_qualify_rules_are_type_checked(bundle: Path, locked: Path, tmp_path: Pa
     rules.write_text("\n".join([*kept, text]) + "\n")
     result = run_cli("qualify", bundle, "--recipes", recipes, "--report", tmp_path / "r.json")
     assert_one_line_error(result, f"qualify.toml: {key}")
+
+
+# -- vLLM's own kernels exist for every ISA of the target -------------------------------------------------
+
+
+def _offload_bundle(isas: list[str]) -> bytes:
+    """A clang offload bundle: a host entry and one (tiny) code object per ISA."""
+    ids = ["host-x86_64-unknown-linux-gnu-", *(f"hipv4-amdgcn-amd-amdhsa--{isa}" for isa in isas)]
+    header = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(ids))
+    entries = b"".join(struct.pack("<QQQ", 0, 4, len(i)) + i.encode() for i in ids)
+    return header + entries + b"\x7fELF" * len(ids)
+
+
+def _compressed(bundle: bytes) -> bytes:
+    """What --offload-compress writes (format version 2, zstd)."""
+    payload = zstandard.ZstdCompressor().compress(bundle)
+    return b"CCOB" + struct.pack("<HHIIQ", 2, 1, 24 + len(payload), len(bundle), 0) + payload
+
+
+def _extension_with_fatbin(path: Path, fatbin: bytes) -> None:
+    source = path.with_suffix(".c")
+    data = ", ".join(str(b) for b in fatbin)
+    source.write_text(
+        f'__attribute__((section(".hip_fatbin"), used)) const unsigned char fatbin[] = {{{data}}};\n'
+        "int vllm_kernel_stub(void) { return 0; }\n"
+    )
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
+    source.unlink()
+
+
+def test_vllm_extensions_must_carry_code_for_each_isa(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    extension = bundle / SITE / "vllm" / "_C.abi3.so"
+    _extension_with_fatbin(extension, _offload_bundle(["gfx1100", "gfx1101"]))
+    result = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
+    assert_one_line_error(result, "vllm-device-code", "vllm/_C.abi3.so has no code objects for gfx1151")
+    _extension_with_fatbin(extension, _compressed(_offload_bundle(["gfx1100", "gfx1151"])))
+    passed = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
+    assert check["passed"] and "1 vLLM extensions carry code for gfx1151" in check["summary"]

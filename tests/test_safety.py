@@ -196,7 +196,7 @@ def test_vllm_source_stage_refuses_a_link_out_of_the_tree(tmp_path: Path, landin
     sdist = _tarball(tmp_path / "vllm-0.33.0.tar.gz", members)
     out = tmp_path / "build" / "gfx1151" / "vllm-src"
     with pytest.raises(BundleError, match="refusing to extract"):
-        prepare_source(sdist, sha256_of(sdist), "0.33.0", REPO / "patches" / "vllm", out)
+        prepare_source(sdist, sha256_of(sdist), "0.33.0", REPO / "patches" / "vllm", out, frozenset({"gfx1151"}))
     assert not landing.exists() and not (out.parent / "vllm-bundle-escaped").exists()
     assert not out.exists()
 

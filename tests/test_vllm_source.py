@@ -41,35 +41,44 @@ def digest(tree: Path, *names: str) -> str:
     return hashlib.sha256(b"".join((tree / n).read_bytes() for n in names)).hexdigest()
 
 
+ISAS = load_recipes(REPO / "recipes").all_isas
+
+
+def prepare(vllm_sdist: Callable[[str], Path], version: str, out: Path, patches: Path = PATCHES):  # type: ignore[no-untyped-def]
+    sdist = vllm_sdist(version)
+    return prepare_source(sdist, sha256_of(sdist), version, patches, out, ISAS)
+
+
 @pytest.fixture(scope="module")
 def old_tree(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("old") / "vllm-src"
-    prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, out)
+    prepare(vllm_sdist, OLD_VLLM, out)
     return out
 
 
 @pytest.fixture(scope="module")
 def pinned_stage(vllm_sdist: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    out = tmp_path_factory.mktemp("pinned") / "vllm-src"
-    return prepare_source(vllm_sdist(PINNED), sha256_of(vllm_sdist(PINNED)), PINNED, PATCHES, out)
+    return prepare(vllm_sdist, PINNED, tmp_path_factory.mktemp("pinned") / "vllm-src")
 
 
-def test_older_release_gets_the_rdna_archs_and_the_fallback(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+def test_older_release_gets_the_rdna_archs_and_the_fallbacks(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
     pristine = tmp_path / "pristine"
     extract_sdist(vllm_sdist(OLD_VLLM), pristine, OLD_VLLM)
     assert "gfx1151" not in hip_archs(pristine), "premise: this release lacks gfx1151"
-    result = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
+    result = prepare(vllm_sdist, OLD_VLLM, tmp_path / "src")
     tree = result.path
     assert {(o.patch_id, o.status) for o in outcomes_of(result)} == {
         ("hip-archs-rdna", "applied"),
         ("amdsmi-fallback", "applied"),
+        ("amdsmi-calls", "applied"),
     }
     archs = hip_archs(tree)
-    assert {"gfx1150", "gfx1151", "gfx1102", "gfx1103"} <= set(archs)
+    assert set(archs) >= ISAS
     assert set(hip_archs(pristine)) <= set(archs), "nothing upstream listed was dropped"
     plugin = rocm_plugin_source(tree)
     assert "torch.version" in plugin and "torch.cuda.is_available()" in plugin
-    py_compile.compile(str(tree / PLATFORMS), doraise=True)
+    for name in (PLATFORMS, "vllm/platforms/rocm.py", "vllm/platforms/_vllm_bundle_amdsmi.py"):
+        py_compile.compile(str(tree / name), doraise=True)
 
 
 def test_pinned_release_reports_archs_already_upstream(pinned_stage) -> None:  # type: ignore[no-untyped-def]
@@ -77,37 +86,54 @@ def test_pinned_release_reports_archs_already_upstream(pinned_stage) -> None:  #
     assert {(o.patch_id, o.status) for o in outcomes_of(pinned_stage)} == {
         ("hip-archs-rdna", "already upstream"),
         ("amdsmi-fallback", "applied"),
+        ("amdsmi-calls", "applied"),
     }
-    assert {"gfx1150", "gfx1151"} <= set(hip_archs(tree))
+    assert set(hip_archs(tree)) >= ISAS
     plugin = rocm_plugin_source(tree)
     assert "in_wsl()" not in plugin, "the torch fallback no longer depends on WSL"
     assert "if not is_rocm:" in plugin and 'getattr(torch.version, "hip", None)' in plugin
     py_compile.compile(str(tree / PLATFORMS), doraise=True)
 
 
-def test_reapplying_is_a_no_op(old_tree: Path, pinned_stage) -> None:  # type: ignore[no-untyped-def]
-    series = read_series(PATCHES)
-    for tree, version in ((old_tree, OLD_VLLM), (pinned_stage.path, PINNED)):
-        before = digest(tree, "CMakeLists.txt", PLATFORMS)
-        outcomes = apply_series(tree, series, Version(version))
-        assert {o.status for o in outcomes} <= {"already applied", "already upstream"}
-        assert digest(tree, "CMakeLists.txt", PLATFORMS) == before
+def test_a_release_missing_one_target_isa_is_not_already_upstream(
+    vllm_sdist: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """0.14.1 lists gfx1150/gfx1151 but not gfx1102/gfx1103: a check for one name would say "upstream"."""
+    result = prepare(vllm_sdist, "0.14.1", tmp_path / "src")
+    assert dict((o.patch_id, o.status) for o in outcomes_of(result))["hip-archs-rdna"] == "applied"
+    assert {"gfx1102", "gfx1103"} <= set(hip_archs(result.path))
 
 
 def test_stage_is_skipped_when_nothing_changed(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
-    first = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
-    second = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, PATCHES, tmp_path / "src")
+    first = prepare(vllm_sdist, OLD_VLLM, tmp_path / "src")
+    second = prepare(vllm_sdist, OLD_VLLM, tmp_path / "src")
     assert not first.cached and second.cached
     assert outcomes_of(second) == outcomes_of(first)
     patches = tmp_path / "patches"
     shutil.copytree(PATCHES, patches)
     why = patches / "amdsmi-fallback.v0.10.patch"
     why.write_text(why.read_text().replace("Why: ", "Why: (edited) ", 1))
-    third = prepare_source(vllm_sdist(OLD_VLLM), sha256_of(vllm_sdist(OLD_VLLM)), OLD_VLLM, patches, tmp_path / "src")
+    third = prepare(vllm_sdist, OLD_VLLM, tmp_path / "src", patches)
     assert not third.cached, "a changed patch redoes the stage"
 
 
-def test_hunk_that_cannot_apply_names_everything_and_touches_nothing(
+def test_a_cached_tree_reverted_by_hand_is_patched_again(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    args = ("patch", "gfx1151", "--vllm", OLD_VLLM, "--build-dir", build, "--cache-dir", TEST_DOWNLOADS, "--plain")
+    assert run_cli(*args).returncode == 0
+    tree = build / "gfx1151" / "vllm-src"
+    pristine = tmp_path / "pristine"
+    extract_sdist(vllm_sdist(OLD_VLLM), pristine, OLD_VLLM)
+    shutil.copyfile(pristine / "CMakeLists.txt", tree / "CMakeLists.txt")  # reverted by hand
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "the cached tree had changed: hip-archs-rdna.v0.10.patch is no longer applied" in again.stdout
+    assert set(hip_archs(tree)) >= ISAS
+    third = run_cli(*args)
+    assert "stage  vllm-src (cached)" in third.stdout and "had changed" not in third.stdout
+
+
+def test_hunk_that_cannot_apply_names_the_differing_line_and_touches_nothing(
     vllm_sdist: Callable[[str], Path], tmp_path: Path
 ) -> None:
     tree = tmp_path / "src"
@@ -121,13 +147,15 @@ def test_hunk_that_cannot_apply_names_everything_and_touches_nothing(
     )
     before = digest(tree, "CMakeLists.txt", PLATFORMS)
     with pytest.raises(PatchError) as caught:
-        apply_series(tree, read_series(PATCHES), Version(OLD_VLLM))
+        apply_series(tree, read_series(PATCHES), Version(OLD_VLLM), ISAS)
     message = str(caught.value)
     for part in (
         "amdsmi-fallback.v0.10.patch",
         PLATFORMS,
         "hunk #1",
         "@@ -119,6 +119,18 @@",
+        """is 'logger.info("ROCm is not available: %s", e)'""",
+        """the patch expects 'logger.debug("ROCm platform is not available because: %s", str(e))'""",
         f"vLLM {OLD_VLLM}",
         "left untouched",
     ):
@@ -136,8 +164,23 @@ def test_hunk_that_cannot_apply_names_everything_and_touches_nothing(
 
 
 def test_version_without_a_variant_asks_for_a_port(old_tree: Path) -> None:
-    with pytest.raises(PatchError, match=r"no variant of patch hip-archs-rdna covers vLLM 0\.20\.0"):
-        apply_series(old_tree.parent / "nowhere", read_series(PATCHES), Version("0.20.0"))
+    with pytest.raises(PatchError, match=r"no variant of patch hip-archs-rdna covers vLLM 0\.10\.1"):
+        apply_series(old_tree.parent / "nowhere", read_series(PATCHES), Version("0.10.1"), ISAS)
+
+
+def test_a_failed_run_leaves_no_earlier_tree(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
+    out = tmp_path / "build" / "gfx1151" / "vllm-src"
+    prepare(vllm_sdist, OLD_VLLM, out)
+    patches = tmp_path / "patches"
+    shutil.copytree(PATCHES, patches)
+    broken = patches / "amdsmi-calls.patch"
+    broken.write_text(
+        broken.read_text().replace(" # the major benefit of using AMDSMI", " # the major benefit of AMDSMI")
+    )
+    with pytest.raises(PatchError):
+        prepare(vllm_sdist, PINNED, out, patches)
+    assert not out.exists(), "the 0.11.0 tree is not left where the 0.33.0 one was asked for"
+    assert not (out.parent / ".vllm-src.stage.json").exists()
 
 
 def test_broken_patch_on_the_command_line_is_one_line(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:

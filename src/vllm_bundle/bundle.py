@@ -195,6 +195,7 @@ def _vllm_wheel(
             lock.versions["vllm"],
             patches_dir,
             base / "vllm-src",
+            recipes.all_isas,
             "vllm-src" in force,
         )
     )

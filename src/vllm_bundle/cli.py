@@ -163,8 +163,10 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
     with _fetcher(args, None, args.mirror) as fetcher:
         sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
     out = args.build_dir / args.target / "vllm-src"
-    result = prepare_source(sdist, sha, version, args.patches, out, force=args.force)
+    result = prepare_source(sdist, sha, version, args.patches, out, recipes.all_isas, force=args.force)
     state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
+    if "redone" in result.details:
+        state += f"; the cached tree had changed: {result.details['redone']}"
     print(f"stage  vllm-src ({state}): vLLM {version} in {out}")
     for outcome in outcomes_of(result):
         variant = f" ({outcome.variant})" if outcome.variant else ""

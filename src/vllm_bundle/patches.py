@@ -3,8 +3,9 @@
 Patches are unified diffs with a small header (see patches/vllm/README.md). GNU ``patch`` applies
 them and ``unidiff`` parses them (to name a rejected hunk); what is written here is only the series
 logic: choosing the variant for a vLLM version, recognising "already applied" and "already
-upstream", and applying the whole series to a scratch copy first so a failure leaves the tree as it
-was.
+upstream", applying the whole series to a scratch copy first so a failure leaves the tree as it
+was, and checking the result. "Already upstream" for the architecture list is decided by parsing
+it: it must hold every ISA the targets need, not just one name.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
@@ -23,7 +25,7 @@ from unidiff.patch import PatchSet
 
 from vllm_bundle.errors import BundleError, RecipeError
 
-HEADER_FIELDS = ("Patch", "Versions", "Why", "Upstream-Marker")
+HEADER_FIELDS = ("Patch", "Versions", "Why", "Upstream-Archs")
 
 
 class PatchError(BundleError):
@@ -36,7 +38,7 @@ class Patch:
     id: str
     versions: SpecifierSet
     why: str
-    marker: tuple[str, re.Pattern[str]] | None
+    archs: tuple[str, re.Pattern[str]] | None  # Upstream-Archs: file, regex capturing a ';'-list of ISAs
     diff: PatchSet
 
     @property
@@ -82,16 +84,18 @@ def read_patch(path: Path) -> Patch:
         raise RecipeError(
             f"bad patch header {path.name}: Versions: expected a PEP 440 specifier, got {fields['Versions']!r}"
         ) from None
-    marker = None
-    if fields.get("Upstream-Marker"):
-        file, sep, regex = fields["Upstream-Marker"].partition(" ~ ")
-        if not sep:
-            raise RecipeError(f"bad patch header {path.name}: Upstream-Marker: expected '<path> ~ <regex>'")
-        marker = (file.strip(), re.compile(regex.strip()))
+    archs = None
+    if fields.get("Upstream-Archs"):
+        file, sep, regex = fields["Upstream-Archs"].partition(" ~ ")
+        if not sep or re.compile(regex.strip()).groups != 1:
+            raise RecipeError(
+                f"bad patch header {path.name}: Upstream-Archs: expected '<path> ~ <regex with one group>'"
+            )
+        archs = (file.strip(), re.compile(regex.strip()))
     diff = PatchSet(text)
     if not len(diff):
         raise RecipeError(f"bad patch {path.name}: no unified diff after the header")
-    return Patch(path, fields["Patch"], versions, fields["Why"], marker, diff)
+    return Patch(path, fields["Patch"], versions, fields["Why"], archs, diff)
 
 
 def read_series(directory: Path) -> list[list[Patch]]:
@@ -135,27 +139,67 @@ def _run_patch(
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def _marker_matches(tree: Path, patch: Patch) -> bool:
-    if patch.marker is None:
-        return False
-    file, regex = patch.marker
+def listed_archs(tree: Path, patch: Patch) -> list[str] | None:
+    """The ISAs the tree's file lists where the patch's Upstream-Archs points (None: not found)."""
+    if patch.archs is None:
+        return None
+    file, regex = patch.archs
     target = tree / file
-    return target.is_file() and regex.search(target.read_text(errors="replace")) is not None
+    match = regex.search(target.read_text(errors="replace")) if target.is_file() else None
+    return [isa.strip() for isa in match.group(1).split(";") if isa.strip()] if match else None
 
 
-def _rejected_hunk(patch: Patch, output: str, version: Version) -> PatchError:
-    """Name the patch, file, hunk (with its first lines) and vLLM version of a failed apply."""
+def missing_archs(tree: Path, patch: Patch, required: frozenset[str]) -> list[str]:
+    """The required ISAs the tree's list lacks (all of them when the list cannot be found)."""
+    return sorted(required - set(listed_archs(tree, patch) or ()))
+
+
+def _upstream_has(tree: Path, patch: Patch, required: frozenset[str]) -> bool:
+    return listed_archs(tree, patch) is not None and not missing_archs(tree, patch, required)
+
+
+def _closest_window(lines: list[str], expected: list[str], around: int) -> int:
+    """Where the expected lines fit best in the file, near the hunk's own line (a start index)."""
+    best, best_score = max(0, around), -1
+    low, high = max(0, around - 200), min(len(lines), around + 200)
+    for start in range(low, max(low, high - len(expected)) + 1):
+        score = sum(1 for a, b in zip(lines[start : start + len(expected)], expected, strict=False) if a == b)
+        if score > best_score:
+            best, best_score = start, score
+    return best
+
+
+def _first_difference(tree: Path, file: str, hunk: Any) -> str:
+    """The first line the hunk expects that the file does not have, where the hunk fits best."""
+    expected = [line.value.rstrip("\n") for line in hunk if line.is_context or line.is_removed]
+    path = tree / file
+    if not path.is_file():
+        return "the file it patches is missing"
+    lines = path.read_text(errors="replace").splitlines()
+    start = _closest_window(lines, expected, hunk.source_start - 1)
+    for offset, wanted in enumerate(expected):
+        found = lines[start + offset] if start + offset < len(lines) else "<end of file>"
+        if found != wanted:
+            return f"line {start + offset + 1} is {found.strip()!r}, the patch expects {wanted.strip()!r}"
+    return "its lines are there, in another order or place"
+
+
+def _rejected_hunk(patch: Patch, output: str, version: Version, tree: Path) -> PatchError:
+    """Name the patch, file, hunk and vLLM version of a failed apply, and the line that differs."""
     failed = re.search(r"Hunk #(\d+) FAILED at (\d+)", output)
     file_match = re.findall(r"(?:checking|patching) file (\S+)", output[: failed.start()] if failed else output)
     file = file_match[-1] if file_match else (patch.files[0] if patch.files else "?")
-    detail = "the file it patches is missing" if "No such file" in output or "can't find file" in output else ""
+    missing = [f.path for f in patch.diff if not f.is_added_file and not (tree / f.path).is_file()]
+    if missing:
+        file = missing[0]
+    detail = "the file it patches is missing" if missing else ""
     if failed:
         number = int(failed.group(1))
         hunks = next((list(f) for f in patch.diff if f.path == file), [])
         hunk = hunks[number - 1] if 0 < number <= len(hunks) else None
-        lines = str(hunk).splitlines() if hunk else []
-        context = " | ".join(ln.strip() for ln in lines[1:4])
-        detail = f"hunk #{number} {lines[0] if lines else ''} rejected: {context}"
+        header = str(hunk).splitlines()[0] if hunk else ""
+        difference = _first_difference(tree, file, hunk) if hunk else output.strip()
+        detail = f"hunk #{number} {header} rejected: {difference}"
     return PatchError(
         f"patch {patch.path.name} ({patch.id}) does not apply to vLLM {version}: {file}: {detail or output.strip()}",
         f"port the patch for vLLM {version} (see patches/vllm/README.md); the source tree was left untouched",
@@ -173,26 +217,34 @@ def _choose(group: Sequence[Patch], version: Version) -> Patch | None:
     return chosen[0] if chosen else None
 
 
-def _plan(tree: Path, series: list[list[Patch]], version: Version) -> list[tuple[Patch | None, Outcome]]:
+def _plan(
+    tree: Path, series: list[list[Patch]], version: Version, required: frozenset[str]
+) -> list[tuple[Patch | None, Outcome]]:
     plan: list[tuple[Patch | None, Outcome]] = []
     for group in series:
         patch = _choose(group, version)
         if patch is None:
-            if any(_marker_matches(tree, p) for p in group):
+            checked = [p for p in group if p.archs is not None]
+            if checked and _upstream_has(tree, checked[0], required):
                 plan.append((None, Outcome(group[0].id, "already upstream", "")))
                 continue
             ranges = "; ".join(f"{p.path.name}: {p.versions}" for p in group)
+            lacking = missing_archs(tree, checked[0], required) if checked else []
+            upstream = f"; upstream lacks {', '.join(lacking)}" if lacking else ""
             raise PatchError(
-                f"no variant of patch {group[0].id} covers vLLM {version} ({ranges})",
+                f"no variant of patch {group[0].id} covers vLLM {version} ({ranges}){upstream}",
                 "port the patch to this version: see patches/vllm/README.md",
             )
         plan.append((patch, Outcome(patch.id, "pending", patch.path.name)))
     return plan
 
 
-def apply_series(tree: Path, series: list[list[Patch]], version: Version) -> list[Outcome]:
-    """Apply the series to ``tree`` all or nothing; returns each patch id's outcome."""
-    plan = _plan(tree, series, version)
+def apply_series(
+    tree: Path, series: list[list[Patch]], version: Version, required_isas: frozenset[str]
+) -> list[Outcome]:
+    """Apply the series to ``tree`` all or nothing; returns each patch id's outcome. ``required_isas``:
+    every ISA of every target, which the architecture list must hold once the series is applied."""
+    plan = _plan(tree, series, version, required_isas)
     touched = sorted({f for patch, _ in plan if patch for f in patch.files})
     outcomes: list[Outcome] = []
     # Scratch space beside the tree, not in $TMPDIR: its files are renamed into the tree at the end, and
@@ -207,23 +259,62 @@ def apply_series(tree: Path, series: list[list[Patch]], version: Version) -> lis
             if patch is None:
                 outcomes.append(outcome)
                 continue
-            outcomes.append(_apply_one(scratch, tree, patch, version))
+            outcomes.append(_apply_one(scratch, tree, patch, version, required_isas))
         _check_python_compiles(scratch, touched, version)
+        _check_archs(scratch, tree, series, version, required_isas)
         for name in touched:
             if (scratch / name).is_file():
+                (tree / name).parent.mkdir(parents=True, exist_ok=True)
                 (scratch / name).replace(tree / name)
     return outcomes
 
 
-def _apply_one(scratch: Path, tree: Path, patch: Patch, version: Version) -> Outcome:
+def _apply_one(scratch: Path, tree: Path, patch: Patch, version: Version, required: frozenset[str]) -> Outcome:
     if _run_patch(scratch, patch, reverse=True, dry_run=True).returncode == 0:
         return Outcome(patch.id, "already applied", patch.path.name)
-    if _marker_matches(tree, patch):
+    if patch.archs is not None and _upstream_has(tree, patch, required):
         return Outcome(patch.id, "already upstream", patch.path.name)
     result = _run_patch(scratch, patch)
     if result.returncode != 0:
-        raise _rejected_hunk(patch, result.stdout + result.stderr, version)
+        raise _rejected_hunk(patch, result.stdout + result.stderr, version, scratch)
     return Outcome(patch.id, "applied", patch.path.name)
+
+
+def _arch_checks(series: list[list[Patch]]) -> list[Patch]:
+    """One patch per group that names where the architecture list is (Upstream-Archs)."""
+    return [next(p for p in group if p.archs is not None) for group in series if any(p.archs for p in group)]
+
+
+def _check_archs(
+    scratch: Path, tree: Path, series: list[list[Patch]], version: Version, required: frozenset[str]
+) -> None:
+    """Once the series is applied, the architecture list holds every required ISA, or the series fails."""
+    for patch in _arch_checks(series):
+        file = patch.archs[0] if patch.archs else ""
+        lacking = missing_archs(scratch if (scratch / file).is_file() else tree, patch, required)
+        if lacking:
+            raise PatchError(
+                f"after the patch series, {file} of vLLM {version} still lacks {', '.join(lacking)} "
+                "in its architecture list",
+                "add a hip-archs variant for this version (patches/vllm/README.md); the source tree was left untouched",
+            )
+
+
+def verify_outcomes(
+    tree: Path, series: list[list[Patch]], outcomes: list[Outcome], required_isas: frozenset[str]
+) -> str | None:
+    """Why ``tree`` no longer matches the outcomes recorded when it was patched (None: it does)."""
+    variants = {p.path.name: p for group in series for p in group}
+    for outcome in outcomes:
+        patch = variants.get(outcome.variant)
+        applied = outcome.status in ("applied", "already applied")
+        if applied and patch is not None and _run_patch(tree, patch, reverse=True, dry_run=True).returncode != 0:
+            return f"{patch.path.name} is no longer applied"
+    for patch in _arch_checks(series):
+        lacking = missing_archs(tree, patch, required_isas)
+        if lacking:
+            return f"{patch.archs[0] if patch.archs else '?'} lacks {', '.join(lacking)}"
+    return None
 
 
 def _check_python_compiles(scratch: Path, touched: list[str], version: Version) -> None:

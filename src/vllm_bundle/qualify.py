@@ -32,6 +32,7 @@ from vllm_bundle.elf import dynamic_info, is_elf
 from vllm_bundle.errors import BundleError
 from vllm_bundle.extract import symlink_problems
 from vllm_bundle.install import extract_parts
+from vllm_bundle.offload import fatbin_isas
 from vllm_bundle.recipes import Table, Target, read_toml
 from vllm_bundle.records import verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
@@ -205,6 +206,32 @@ def check_device_code(layout: Layout, target: Target) -> CheckResult:
     return CheckResult("device-code", not problems, f"device code for {', '.join(target.isas)}", problems)
 
 
+#: vLLM's own native extensions: each must carry code objects for every ISA of the target.
+VLLM_EXTENSIONS = ("_C", "_rocm_C", "_moe_C")
+
+
+def check_vllm_device_code(layout: Layout, target: Target) -> CheckResult:
+    """vLLM drops ISAs missing from its architecture list without failing the build: only the
+    extensions' own offload bundles show whether its kernels exist for the target's GPUs."""
+    directory = layout.site / "vllm"
+    extensions = (
+        sorted(p for p in directory.glob("*.so") if p.name.split(".")[0] in VLLM_EXTENSIONS)
+        if directory.is_dir()
+        else []
+    )
+    if not extensions:
+        return CheckResult("vllm-device-code", True, "vLLM has no native extensions (Python-only build)")
+    problems = []
+    for extension in extensions:
+        found = fatbin_isas(extension)
+        missing = [isa for isa in target.isas if isa not in found]
+        if missing:
+            has = ", ".join(sorted(found)) or "none"
+            problems.append(f"vllm/{extension.name} has no code objects for {', '.join(missing)} (it has {has})")
+    summary = f"{len(extensions)} vLLM extensions carry code for {', '.join(target.isas)}"
+    return CheckResult("vllm-device-code", not problems, summary, problems)
+
+
 def check_symlinks(layout: Layout) -> CheckResult:
     problems = symlink_problems(layout.root)
     return CheckResult("symlinks", not problems, "every symlink stays inside the bundle", problems)
@@ -275,6 +302,7 @@ def qualify_tree(
         lambda: check_torch_requirement(layout),
         lambda: check_records(layout),
         lambda: check_device_code(layout, target),
+        lambda: check_vllm_device_code(layout, target),
         lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
         lambda: check_build_paths(layout, build_dir),
@@ -304,7 +332,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 3
+STAGE_VERSION = 4
 REPORT = "qualification.json"
 
 

@@ -128,6 +128,11 @@ class Recipes:
             raise UnknownTargetError(f"unknown target {name!r}; valid targets: {valid}")
         return self.targets[name]
 
+    @property
+    def all_isas(self) -> frozenset[str]:
+        """Every ISA of every target: what vLLM's architecture list must hold."""
+        return frozenset(isa for target in self.targets.values() for isa in target.isas)
+
     def channel(self, name: str) -> Channel:
         if name not in self.channels:
             valid = ", ".join(self.channels)

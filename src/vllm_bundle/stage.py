@@ -122,6 +122,9 @@ def _build_in_place(out: Path, build: Callable[[Path], Mapping[str, Any] | None]
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        # The stamp is gone already: an earlier output left in place would look usable (an older
+        # vLLM's patched tree, say) without being current. It is ours; it goes too.
+        shutil.rmtree(out, ignore_errors=True)
         raise
     return details
 

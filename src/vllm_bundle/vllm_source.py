@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ from packaging.version import Version
 
 from vllm_bundle.extract import UnsafeArchiveError, safe_extract
 from vllm_bundle.fetch import require_sha256
-from vllm_bundle.patches import Outcome, apply_series, read_series
+from vllm_bundle.patches import Outcome, apply_series, read_series, verify_outcomes
 from vllm_bundle.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 2
+STAGE_VERSION = 3
 
 
 def extract_sdist(sdist: Path, dest: Path, version: str, filename: str | None = None) -> None:
@@ -28,20 +29,41 @@ def extract_sdist(sdist: Path, dest: Path, version: str, filename: str | None = 
 
 
 def prepare_source(
-    sdist: Path, sdist_sha256: str, version: str, patches_dir: Path, out: Path, force: bool = False
+    sdist: Path,
+    sdist_sha256: str,
+    version: str,
+    patches_dir: Path,
+    out: Path,
+    required_isas: frozenset[str],
+    force: bool = False,
 ) -> StageResult:
-    """Stage ``vllm-src``: extract the source release into ``out`` and apply the patch series."""
+    """Stage ``vllm-src``: extract the source release into ``out`` and apply the patch series.
+    ``required_isas``: every ISA of every target (the architecture list must hold them all).
+
+    A cached tree is looked at, not trusted: when its files no longer match the outcomes recorded
+    when it was patched (edited or reverted by hand), the stage is done again."""
     series = read_series(patches_dir)
     patch_files = [p.path for group in series for p in group]
-    inputs = {"sdist": sdist_sha256, "version": version, "patches": file_digest(patches_dir / "series", *patch_files)}
+    inputs = {
+        "sdist": sdist_sha256,
+        "version": version,
+        "patches": file_digest(patches_dir / "series", *patch_files),
+        "isas": sorted(required_isas),
+    }
 
     def build(tmp: Path) -> Mapping[str, Any]:
         require_sha256(sdist, sdist_sha256, f"vllm-{version}.tar.gz")
         extract_sdist(sdist, tmp, version)
-        outcomes = apply_series(tmp, series, Version(version))
+        outcomes = apply_series(tmp, series, Version(version), required_isas)
         return {"patches": [o.__dict__ for o in outcomes]}
 
-    return run_stage(out, "vllm-src", STAGE_VERSION, inputs, build, force=force)
+    result = run_stage(out, "vllm-src", STAGE_VERSION, inputs, build, force=force)
+    if result.cached:
+        changed = verify_outcomes(result.path, series, outcomes_of(result), required_isas)
+        if changed:
+            result = run_stage(out, "vllm-src", STAGE_VERSION, inputs, build, force=True)
+            result = replace(result, details={**result.details, "redone": changed})
+    return result
 
 
 def outcomes_of(result: StageResult) -> list[Outcome]:

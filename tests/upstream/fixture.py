@@ -450,6 +450,27 @@ def rocm_platform_plugin() -> str | None:
 def xpu_platform_plugin() -> str | None:
     return None
 """
+# vLLM 0.33.0's own lines where the amdsmi-calls patch anchors (the rest of rocm.py is not needed).
+VLLM_ROCM = """# SPDX-License-Identifier: Apache-2.0
+from functools import wraps
+
+# AMDSMI utils
+# Note that NVML is not affected by `{CUDA/HIP}_VISIBLE_DEVICES`,
+# all the related functions work on real physical device ids.
+# the major benefit of using AMDSMI is that it will not initialize CUDA
+
+
+def with_amdsmi_context(fn):
+    @wraps(fn)
+    def wrapper(*args, **kwargs):
+        amdsmi_init()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            amdsmi_shut_down()
+
+    return wrapper
+"""
 # Stands in for vllm.entrypoints.openai.api_server: proves the interpreter, torch's native extension
 # (through the launcher's library path) and the arguments, then exits.
 VLLM_SERVER = """import json, os, sys
@@ -498,6 +519,7 @@ def _fixture_vllm_sdist(fx: Fixture) -> None:
         f"{top}/CMakeLists.txt": VLLM_CMAKE.encode(),
         f"{top}/vllm/__init__.py": f"__version__ = '{VLLM_VERSION}'\n".encode(),
         f"{top}/vllm/platforms/__init__.py": VLLM_PLATFORMS.encode(),
+        f"{top}/vllm/platforms/rocm.py": VLLM_ROCM.encode(),
         f"{top}/vllm/entrypoints/__init__.py": b"",
         f"{top}/vllm/entrypoints/openai/__init__.py": b"",
         f"{top}/vllm/entrypoints/openai/api_server.py": VLLM_SERVER.encode(),
