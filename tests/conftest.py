@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from platformdirs import user_cache_dir
 
-from tests.upstream.fixture import PYTHON_RELEASE, PYTHON_VERSION, Fixture, build_fixture
+from tests.upstream.fixture import PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_MULTI_ARCH, Fixture, build_fixture
 from tests.upstream.server import UpstreamServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,8 +116,10 @@ def lock_against(server: UpstreamServer, recipes: Path, target: str, cache: Path
         target,
         "--recipes",
         recipes,
-        "--index",
-        f"{server.url}/simple/",
+        "--therock-index",
+        f"{server.url}/{THEROCK_MULTI_ARCH}/",
+        "--pypi-index",
+        f"{server.url}/{PYPI}/",
         "--mirror",
         f"{server.url}/releases/",
         "--cache-dir",
@@ -167,7 +169,7 @@ class VllmSdists:
         from vllm_bundle.simple_index import project_files
 
         if self._index is None:  # one read of PyPI's file list for every version asked for
-            self._index = {f.filename: f for f in project_files(self.fetcher.session, PYPI, "vllm")}
+            self._index = {f.filename: f for f in project_files(self.fetcher.session, PYPI_URL, "vllm")}
         entry = self._index[f"vllm-{version}.tar.gz"]
         assert entry.sha256
         return Artifact("vllm", entry.filename, entry.url, entry.sha256, entry.size)
@@ -183,7 +185,7 @@ class VllmSdists:
         return self.many([version])[version]
 
 
-PYPI = "https://pypi.org/simple/"
+PYPI_URL = "https://pypi.org/simple/"
 
 
 @pytest.fixture(scope="session")

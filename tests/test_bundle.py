@@ -45,7 +45,7 @@ def test_moved_bundle_runs_with_an_empty_environment(built: Path, tmp_path: Path
     assert report["executable"] == str(moved / "bin" / f"python{PYTHON_MINOR}")
     assert report["torch"].startswith(str(moved)), "the bundle's torch, not any other"
     assert report["hip_check"] == 17, "torch's native extension reached libamdhip64 through the launcher"
-    assert report["argv"] == [*args, "--attention-backend", "TRITON_ATTN"]
+    assert report["argv"] == ["serve", *args, "--attention-backend", "TRITON_ATTN"], "vllm serve, not api_server"
     assert report["env"]["PYTHONNOUSERSITE"] == "1"
     assert report["env"]["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
     assert report["env"]["CC"].startswith(str(moved)) and "/llvm/bin/clang" in report["env"]["CC"]

@@ -40,6 +40,7 @@ def make_root(root: Path, vllm_version: str) -> Path:
             attention=RECIPES.vllm.attention_rule(vllm_version),
             vllm_version=vllm_version,
             target="gfx1151",
+            server=RECIPES.vllm.server_rule(vllm_version),
         )
     )
     launcher.chmod(0o755)
@@ -89,8 +90,7 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
     module_args = report["argv"]
     assert module_args == [
         "-P",
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+        *("-m", "vllm.entrypoints.cli.main", "serve"),  # the deprecated api_server module is not used
         *SERVER_ARGS,
         "--attention-backend",
         "TRITON_ATTN",
@@ -105,10 +105,29 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
     assert env["VLLM_ATTENTION_BACKEND"] is None, "0.33 ignores the variable; the flag is used"
 
 
-@pytest.mark.parametrize("choice", [["--attention-backend", "ROCM_ATTN"], ["--attention-backend=ROCM_ATTN"]])
+@pytest.mark.parametrize(
+    "choice",
+    [
+        ["--attention-backend", "ROCM_ATTN"],
+        ["--attention-backend=ROCM_ATTN"],
+        ["--attention-config", '{"backend": "ROCM_ATTN"}'],
+        ['--attention-config={"backend": "ROCM_ATTN"}'],
+        ["--attention-config.backend=ROCM_ATTN"],
+        ["-ac", '{"backend": "ROCM_ATTN"}'],
+        ["-ac.backend=ROCM_ATTN"],
+    ],
+)
 def test_caller_choice_of_backend_wins(root: Path, choice: list[str]) -> None:
     report = start(make_root(root, "0.33.0"), "--model", "m", *choice)
-    assert report["argv"][3:] == ["--model", "m", *choice]
+    assert report["argv"][4:] == ["--model", "m", *choice], "no second backend choice added"
+
+
+@pytest.mark.parametrize(("version", "command"), [("0.28.0", ["-m", "vllm.entrypoints.openai.api_server"])])
+def test_releases_before_the_deprecation_use_the_api_server_module(
+    root: Path, version: str, command: list[str]
+) -> None:
+    report = start(make_root(root, version), "--model", "m")
+    assert report["argv"][1:3] == command
 
 
 @pytest.mark.parametrize(("version", "backend"), [("0.11.0", "TRITON_ATTN"), ("0.10.2", "TRITON_ATTN_VLLM_V1")])
@@ -148,4 +167,5 @@ def test_unsafe_library_dir_is_refused() -> None:
             attention=RECIPES.vllm.attention_rule(),
             vllm_version="0.33.0",
             target="gfx1151",
+            server=RECIPES.vllm.server_rule(),
         )

@@ -11,7 +11,16 @@ from typing import Any
 import pytest
 
 from tests.conftest import assert_one_line_error, lock_against, run_cli
-from tests.upstream.fixture import CP, PYTHON_VERSION, ROCM_VERSION, TORCH_VERSION, TRITON_VERSION, Fixture
+from tests.upstream.fixture import (
+    CP,
+    PYPI,
+    PYTHON_VERSION,
+    ROCM_VERSION,
+    THEROCK_MULTI_ARCH,
+    TORCH_VERSION,
+    TRITON_VERSION,
+    Fixture,
+)
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
@@ -40,8 +49,8 @@ def test_lock_hashes_and_sizes_equal_the_served_bytes(locked: Path, fixture_tree
 def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
     lock, pylock = lock_docs(locked)
     names = {p["name"] for p in pylock["packages"]}
+    assert "rocm" not in names, "an sdist only: pinned beside the wheels, built into the bundle"
     assert {
-        "rocm",
         "rocm-sdk-core",
         "rocm-sdk-libraries",
         "rocm-sdk-devel",
@@ -59,7 +68,7 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
         "triton": TRITON_VERSION,
         "vllm": "0.33.0",
     }
-    assert {a["role"] for a in lock["artifacts"]} == {"python", "vllm-sdist"}
+    assert {a["role"] for a in lock["artifacts"]} == {"python", "vllm-sdist", "rocm-sdist"}
     python = next(a for a in lock["artifacts"] if a["role"] == "python")
     assert python["url"].startswith("https://github.com/astral-sh/python-build-standalone/releases/download/")
 
@@ -167,7 +176,7 @@ def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServ
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
     channels = recipes / "channels.toml"
-    channels.write_text(channels.read_text().replace('rocm = ">=7.14"', 'rocm = ">=9"', 1))
+    channels.write_text(channels.read_text().replace('rocm = ">=7.14,<7.15"', 'rocm = ">=9"', 1))
     result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
     assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
     assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (
@@ -187,7 +196,7 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
     result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     lock, pylock = lock_docs(recipes)
-    assert [a["role"] for a in lock["artifacts"]] == ["python"], "no source release to build"
+    assert [a["role"] for a in lock["artifacts"]] == ["python", "rocm-sdist"], "no vLLM source release to build"
     assert lock["versions"]["vllm"] == f"0.33.0+rocm{ROCM_VERSION}"
     vllm = next(p for p in pylock["packages"] if p["name"] == "vllm")
     assert vllm["wheels"][0]["url"].endswith(f"vllm-0.33.0+rocm{ROCM_VERSION}-{CP}-{CP}-linux_x86_64.whl")
@@ -217,7 +226,8 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
 
 def _bundle_locking(recipes: Path, upstream: UpstreamServer, work: Path, *extra: str):  # type: ignore[no-untyped-def]
     args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes, "--cache-dir", work / "cache", "--plain"]
-    args += ["--index", f"{upstream.url}/simple/", "--mirror", f"{upstream.url}/mirror/"]
+    args += ["--therock-index", f"{upstream.url}/{THEROCK_MULTI_ARCH}/", "--pypi-index", f"{upstream.url}/{PYPI}/"]
+    args += ["--mirror", f"{upstream.url}/mirror/"]
     return run_cli(*args, "--build-dir", work / "build", "--no-archive", *extra, timeout=600)
 
 
@@ -268,7 +278,8 @@ def test_bundle_without_a_lock_and_no_network_is_one_line(recipes_dir: Path, tmp
         probe.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
     args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes_dir, "--cache-dir", tmp_path / "cache"]
-    args += ["--retries", "1", "--index", f"{closed}/simple/", "--mirror", f"{closed}/mirror/"]
+    args += ["--retries", "1", "--therock-index", f"{closed}/therock/", "--pypi-index", f"{closed}/simple/"]
+    args += ["--mirror", f"{closed}/mirror/"]
     result = run_cli(*args, "--build-dir", tmp_path / "build")
     assert_one_line_error(result, "cannot download", closed)
     assert not (recipes_dir / "locks").exists(), "no lock half-written"

@@ -27,6 +27,7 @@ from tests.conftest import (
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.archive import write_archive
+from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.release import default_repo
 from vllm_bundle.repro import first_difference
 
@@ -236,10 +237,29 @@ def test_merge_backend_versions(assets: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     merged = json.loads((tmp_path / "merged.json").read_text())
     assert set(merged["checksums"]["github"][TEST_REPO]) == {TAG, f"vllm0.33.0-rocm{ROCM_VERSION}-gfx110X"}
+    assert merged["vllm"] == {"rocm": f"vllm0.33.0-rocm{ROCM_VERSION}"}, "one line for both: no override"
     other["vllm"]["rocm"] = "vllm0.34.0-rocm7.14.0"
     (tmp_path / "wrong.json").write_text(json.dumps(other))
     bad = run_cli("merge-manifests", assets / "backend_versions.json", tmp_path / "wrong.json", "-o", tmp_path / "m")
-    assert_one_line_error(bad, "pin different vLLM builds")
+    assert_one_line_error(bad, "pins 'vllm0.34.0-rocm7.14.0' but checksums")
+
+
+def test_targets_on_another_release_line_become_lemonade_overrides(assets: Path, tmp_path: Path) -> None:
+    """Lemonade's backend_versions.json keeps one vllm.rocm pin and vllm.rocm_arch_overrides per family."""
+    files = [assets / "backend_versions.json"]
+    for target, pin in (("gfx110X", f"vllm0.33.0-rocm{ROCM_VERSION}"), ("gfx942", "vllm0.32.0-rocm7.13.0")):
+        doc = {"vllm": {"rocm": pin}, "checksums": {"github": {TEST_REPO: {f"{pin}-{target}": {"a": "sha256:0"}}}}}
+        files.append(tmp_path / f"{target}.json")
+        files[-1].write_text(json.dumps(doc))
+    result = run_cli("merge-manifests", *files, "-o", tmp_path / "merged.json")
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["vllm"] == {
+        "rocm": f"vllm0.33.0-rocm{ROCM_VERSION}",
+        "rocm_arch_overrides": {"gfx942": "vllm0.32.0-rocm7.13.0"},
+    }
+    assert pinned_tag(merged, "gfx942") == "vllm0.32.0-rocm7.13.0-gfx942"
+    assert pinned_tag(merged, "gfx1151") == TAG
 
 
 def test_bundle_without_a_repository_says_how_to_set_one_before_any_stage(

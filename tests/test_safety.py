@@ -298,23 +298,19 @@ def _stage_states(stdout: str) -> dict[str, str]:
 def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
     fixture_tree: Fixture, locked: Path, built: Path, tmp_path: Path
 ) -> None:
-    from tests.upstream.fixture import write_index
+    from tests.upstream.fixture import flat_mirror, write_index
     from tests.upstream.packaging_fixtures import make_wheel
 
     copy = Fixture(tmp_path / "upstream")
     shutil.copytree(fixture_tree.root, copy.root, symlinks=True)
-    copy.files = {name: copy.root / "files" / name for name in fixture_tree.files}
+    for index, paths in fixture_tree.indexes.items():
+        copy.serve(index, [copy.root / "files" / p.name for p in paths])
     (old,) = [name for name in copy.files if name.startswith("sentencepiece-")]
-    files = {"sentencepiece/__init__.py": b"__version__ = '0.2.1'\n", "sentencepiece/republished.py": b"x = 1\n"}
+    files = {"sentencepiece/__init__.py": b"", "sentencepiece/republished.py": b"x = 1\n"}
     new = make_wheel(copy.root / "files", "sentencepiece", "0.2.1", "py3-none-any", files)
     assert new.name == old, "the same file name, other bytes"
     write_index(copy)
-    for name in ("mirror",):
-        shutil.rmtree(copy.root / name)
-    (copy.root / "mirror").mkdir()
-    for path in [*(copy.root / "releases").iterdir(), *copy.files.values()]:
-        if path.is_file():
-            shutil.copyfile(path, copy.root / "mirror" / path.name)
+    flat_mirror(copy)
     server = UpstreamServer(copy.root).start()
     try:
         recipes = tmp_path / "recipes"

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uv
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.exceptions import InstallerError
@@ -25,12 +28,12 @@ from vllm_bundle.errors import BundleError
 from vllm_bundle.fetch import require_sha256
 from vllm_bundle.launcher import render_launcher
 from vllm_bundle.prune import PruneRules, prune
-from vllm_bundle.recipes import AttentionRule
+from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.records import refresh_records
 from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
 from vllm_bundle.stage import StageResult, run_stage
 
-STAGE_VERSION = 3
+STAGE_VERSION = 4
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
 CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
@@ -91,20 +94,63 @@ def expose_amd_smi(layout: Layout) -> bool:
     return True
 
 
+def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: int) -> Path:
+    """A pure-Python wheel from a locked sdist (TheRock's ``rocm`` meta package, published only as an
+    sdist), built by uv with the setuptools of this tool's own locked environment, no network, and
+    ``SOURCE_DATE_EPOCH`` set: the same bytes on every machine."""
+    work = out_dir / f".build-{filename}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    named = work / filename  # the cache blob is named by its hash; uv reads the name
+    shutil.copyfile(sdist, named)
+    command = [uv.find_uv_bin(), "build", "--no-build-isolation", "--no-config", "--offline", "--wheel"]
+    command += ["--python", sys.executable, "--out-dir", str(out_dir), str(named)]
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(source_date), "UV_PYTHON_DOWNLOADS": "never"}
+    before = set(out_dir.glob("*.whl"))
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    shutil.rmtree(work, ignore_errors=True)
+    wheels = sorted(set(out_dir.glob("*.whl")) - before)
+    if result.returncode != 0 or len(wheels) != 1:
+        detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise AssembleError(f"cannot build a wheel from {filename}: {detail}", "re-lock, or report the sdist")
+    return wheels[0]
+
+
 def site_stage(
-    python: StageResult, wheels: Mapping[Path, str], minor: str, out: Path, force: bool = False
+    python: StageResult,
+    wheels: Mapping[Path, str],
+    minor: str,
+    out: Path,
+    force: bool = False,
+    sdists: Mapping[Path, tuple[str, str]] | None = None,
+    source_date: int = 0,
 ) -> StageResult:
     """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
-    the same name with other bytes redoes the stage); every wheel is checked before it is installed."""
-    inputs = {"python": python.key, "wheels": {path.name: sha for path, sha in sorted(wheels.items())}}
+    the same name with other bytes redoes the stage); ``sdists``: cache blob -> (sha256, file name) of
+    locked source releases built into wheels here. Every input is checked before it is used."""
+    sdists = dict(sdists or {})
+    inputs = {
+        "python": python.key,
+        "wheels": {path.name: sha for path, sha in sorted(wheels.items())},
+        "sdists": {name: sha for sha, name in sorted(sdists.values())},
+        "source_date": source_date,
+    }
 
     def build(tmp: Path) -> Mapping[str, Any]:
         for wheel, sha256 in wheels.items():
             require_sha256(wheel, sha256, wheel.name)
-        link_tree(python.path, tmp)
-        layout = Layout(tmp, minor)
-        install_wheels(layout, list(wheels))
-        return {"wheels": len(wheels), "amd_smi": expose_amd_smi(layout)}
+        for sdist, (sha256, filename) in sdists.items():
+            require_sha256(sdist, sha256, filename)
+        built = tmp.parent / f".{tmp.name}.sdist-wheels"
+        shutil.rmtree(built, ignore_errors=True)
+        try:
+            from_sdists = [build_sdist_wheel(s, name, built, source_date) for s, (_, name) in sorted(sdists.items())]
+            link_tree(python.path, tmp)
+            layout = Layout(tmp, minor)
+            install_wheels(layout, [*wheels, *from_sdists])
+        finally:
+            shutil.rmtree(built, ignore_errors=True)
+        return {"wheels": len(wheels) + len(from_sdists), "amd_smi": expose_amd_smi(layout)}
 
     return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)
 
@@ -157,6 +203,7 @@ def root_stage(
     app: StageResult,
     minor: str,
     attention: AttentionRule,
+    server: ServerRule,
     vllm_version: str,
     target: str,
     template_digest: str,
@@ -168,6 +215,7 @@ def root_stage(
         "app": app.key,
         "template": template_digest,
         "attention": attention.__dict__.__repr__(),
+        "server": list(server.command),
         "vllm": vllm_version,
         "target": target,
     }
@@ -182,6 +230,7 @@ def root_stage(
             attention=attention,
             vllm_version=vllm_version,
             target=target,
+            server=server,
         )
         launcher = tmp / "bin" / "vllm-server"
         launcher.write_text(text)

@@ -117,7 +117,9 @@ def build_bundle(
     others = [w for w in wheels if w.name != "vllm"]
     begin("site")
     named = _named_wheels(others, fetched, base / ".wheels")
-    site = step(site_stage(py, named, minor, base / "site", "site" in force))
+    rocm = lock.artifact("rocm-sdist")
+    sdists = {fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
+    site = step(site_stage(py, named, minor, base / "site", "site" in force, sdists, lock.source_date_epoch))
     begin("vllm-wheel")
     vllm = step(_vllm_wheel(recipes, target_name, lock, wheels, fetched, site, patches_dir, base, force, step))
     rules = load_prune_rules(recipes.root)
@@ -130,6 +132,7 @@ def build_bundle(
             app,
             minor,
             recipes.vllm.attention_rule(lock.versions["vllm"]),
+            recipes.vllm.server_rule(lock.versions["vllm"]),
             lock.versions["vllm"],
             target.name,
             template,
@@ -140,7 +143,15 @@ def build_bundle(
     )
     begin("qualify")
     checked = step(
-        qualify_stage(root, minor, target, load_rules(recipes.root), base, base / "qualify", "qualify" in force)
+        qualify_stage(
+            root,
+            minor,
+            target,
+            load_rules(recipes.root, recipes.python.platform),
+            base,
+            base / "qualify",
+            "qualify" in force,
+        )
     )
     run.report = checked.path / REPORT
     report = read_report(run.report)

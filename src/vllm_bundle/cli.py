@@ -81,7 +81,8 @@ def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> 
 
     target, channel = recipes.target(target_name), recipes.channel(args.channel)
     with _fetcher(args, None) as fetcher:  # no --mirror here: the lock applies it to release files itself
-        lock = make_lock(recipes, target, channel, fetcher, Sources(args.index, args.mirror), _locks_dir(args))
+        sources = Sources(args.therock_index, args.pypi_index, args.mirror)
+        lock = make_lock(recipes, target, channel, fetcher, sources, _locks_dir(args))
     pins = ", ".join(f"{k} {v}" for k, v in sorted(lock.versions.items()))
     return f"locked {target.name} ({channel.name}): {pins}"
 
@@ -144,7 +145,7 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
     if args.vllm:
         if args.offline:
             raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
-        index = args.index or recipes.channel(args.channel).pypi_index
+        index = args.pypi_index or recipes.channel(args.channel).pypi_index
         filename = f"vllm-{args.vllm}.tar.gz"
         entry = next((f for f in project_files(fetcher.session, index, "vllm") if f.filename == filename), None)
         if entry is None or not entry.sha256:
@@ -401,7 +402,9 @@ def cmd_qualify(args: argparse.Namespace) -> int:
         name = args.target or detect_target(root)
         if name is None:
             raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
-        report = qualify_tree(root, detect_minor(root), recipes.target(name), load_rules(recipes.root))
+        report = qualify_tree(
+            root, detect_minor(root), recipes.target(name), load_rules(recipes.root, recipes.python.platform)
+        )
     path = args.report or Path(f"qualification-{name}.json")
     atomic_write(path, report.to_json())
     _print_report(report, path)
@@ -488,12 +491,17 @@ def cmd_install(args: argparse.Namespace) -> int:
 def _build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target")
     parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
-    parser.add_argument("--index", help="package index for --vllm (default: the channel's PyPI index)")
+    parser.add_argument("--pypi-index", help="package index for --vllm (default: the channel's PyPI index)")
     parser.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
     parser.add_argument("--patches", type=Path, default=default_patches(), help=f"patch series ({default_patches()})")
     parser.add_argument("--force", action="store_true", help="redo the stage even when its inputs are unchanged")
     parser.add_argument("--offline", action="store_true", help="use the download cache only")
     parser.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
+
+
+def _index_options(parser: argparse.ArgumentParser, when: str = "") -> None:
+    parser.add_argument("--therock-index", help=f"TheRock's index instead of the channel's{when}; {{family}} allowed")
+    parser.add_argument("--pypi-index", help=f"a PEP 503 index instead of PyPI{when}")
 
 
 def _recipes_option(parser: argparse.ArgumentParser) -> None:
@@ -538,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     lock = verbs.add_parser("lock", help="pin every input of a target (url, size, sha256)")
     lock.add_argument("targets", nargs="*", help="targets to lock (with --check: default every lock)")
     lock.add_argument("--check", action="store_true", help="fail when a lock no longer matches its recipe")
-    lock.add_argument("--index", help="one PEP 503 index serving TheRock's and PyPI's packages (a mirror)")
+    _index_options(lock)
     lock.add_argument("--mirror", help="URL or directory with the release files (CPython tarball, SHA256SUMS)")
     _common(lock)
     lock.set_defaults(func=cmd_lock)
@@ -584,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse a missing or out-of-date lock instead of locking first (release builds)",
     )
-    bundle.add_argument("--index", help="when locking first: one PEP 503 index serving every package (a mirror)")
+    _index_options(bundle, " (when locking first)")
     bundle.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
     bundle.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
     bundle.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")

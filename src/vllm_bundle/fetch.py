@@ -14,6 +14,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,6 +44,7 @@ from vllm_bundle.progress import Reporter, human_size
 from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_connect_failure, make_session
 
 CHUNK = 1 << 20
+SHOWN_MISSING = 8  # artifacts named in an --offline refusal (the rest are counted)
 UNREACHABLE_HINT = "check the network, or use --mirror URL|DIR, or --offline with a filled cache"
 
 
@@ -214,6 +217,32 @@ class Fetcher:
             finally:
                 self.reporter.finish(artifact.filename, status)
 
+    def measure(self, name: str, filename: str, url: str) -> Artifact:
+        """Pin a file nobody published a sha256 for: download it, hash the bytes, keep them in the cache
+        under that hash (so the fetch that follows costs nothing) and return the pin."""
+        check_url(url)
+        self.cache.root.joinpath("partial").mkdir(parents=True, exist_ok=True)
+        fd, name_of_tmp = tempfile.mkstemp(dir=self.cache.root / "partial", prefix="measure-", suffix=".part")
+        partial = Path(name_of_tmp)
+        digest = hashlib.sha256()
+        try:
+            with os.fdopen(fd, "wb") as out, self.session.get(url, stream=True, timeout=self._timeouts()) as answer:
+                probe = Artifact(name, filename, url, "")
+                self._check_status(probe, url, answer, 0)
+                for chunk in self._body(answer):
+                    out.write(chunk)
+                    digest.update(chunk)
+            sha256 = digest.hexdigest()
+            self.cache.commit(partial, sha256)
+            return Artifact(name, filename, url, sha256, self.cache.blob(sha256).stat().st_size)
+        except requests.RequestException as err:
+            raise NetworkError(f"cannot download {url}: {describe(err)}", UNREACHABLE_HINT) from None
+        finally:
+            partial.unlink(missing_ok=True)
+
+    def _timeouts(self) -> tuple[float, float]:
+        return (self.policy.connect_timeout, self.policy.read_timeout)
+
     def _cached(self, artifact: Artifact) -> bool:
         """A cache hit; with ``verify_cached``, one whose bytes still hash to the pin (else dropped)."""
         if not self.cache.has(artifact.sha256, artifact.size):
@@ -237,9 +266,11 @@ class Fetcher:
     def _require_cached(self, artifacts: Sequence[Artifact]) -> None:
         missing = self.missing(artifacts)
         if missing:
-            names = ", ".join(a.filename for a in missing)
+            shown = [a.filename for a in missing[:SHOWN_MISSING]]
+            more = f" and {len(missing) - len(shown)} more" if len(missing) > len(shown) else ""
             raise OfflineMissingError(
-                f"--offline: {len(missing)} artifact(s) missing from the cache {self.cache.root}: {names}",
+                f"--offline: {len(missing)} artifact(s) missing from the cache {self.cache.root}: "
+                f"{', '.join(shown)}{more}",
                 "run once without --offline (or with --mirror) to fill the cache",
             )
 

@@ -33,7 +33,7 @@ from filelock import FileLock
 from vllm_bundle.errors import BundleError, DiskFullError, NetworkError
 from vllm_bundle.extract import safe_extract
 from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.manifests import BACKEND_VERSIONS, RELEASE_JSON, ManifestError, part_name, read_json
+from vllm_bundle.manifests import BACKEND_VERSIONS, RELEASE_JSON, ManifestError, part_name, pinned_tag, read_json
 from vllm_bundle.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
 
 VERSION_FILE = "version.txt"
@@ -118,7 +118,7 @@ def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Relea
     """Lemonade's way: ``backend_versions.json`` pins ``<tag without target>``; the checksums name the repo."""
     doc = read_json(pins_file)
     try:
-        tag = f"{doc['vllm']['rocm']}-{target}"
+        tag = pinned_tag(doc, target)
         repos: dict[str, dict[str, dict[str, str]]] = doc["checksums"]["github"]
     except (KeyError, TypeError):
         raise ManifestError(f"{pins_file} is not a {BACKEND_VERSIONS} (no vllm.rocm pin or checksums)") from None

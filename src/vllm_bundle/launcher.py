@@ -10,10 +10,12 @@ import shlex
 from collections.abc import Sequence
 from importlib import resources
 
-from vllm_bundle.recipes import AttentionRule
+from vllm_bundle.recipes import AttentionRule, ServerRule
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TEMPLATE = "vllm-server.sh"
+#: Options by which a caller chooses the attention backend itself (then no default is added):
+#: --attention-backend, and vLLM's --attention-config / -ac (JSON, key=value or dotted forms).
+CALLER_CHOICE = ("--attention-config", "-ac")
 
 
 def template_text() -> str:
@@ -28,7 +30,7 @@ def render_launcher(
     attention: AttentionRule,
     vllm_version: str,
     target: str,
-    server_module: str = SERVER_MODULE,
+    server: ServerRule,
 ) -> str:
     """``library_dirs`` and ``clang`` are relative to site-packages (they become ``$site/...``)."""
     for name in (*library_dirs, clang):
@@ -42,7 +44,8 @@ def render_launcher(
         "@ATTENTION_FLAG@": shlex.quote(attention.flag or "--attention-backend"),
         "@ATTENTION_ENV@": attention.env or "VLLM_ATTENTION_BACKEND",
         "@ATTENTION_BACKEND@": shlex.quote(attention.backend),
-        "@SERVER_MODULE@": server_module,
+        "@SERVER_COMMAND@": shlex.join(server.command),
+        "@CALLER_CHOICE@": "|".join(f"{o}|{o}=*|{o}.*" for o in CALLER_CHOICE),
         "@VLLM_VERSION@": vllm_version,
         "@TARGET@": target,
     }

@@ -4,15 +4,22 @@
   and pinned with the size and sha256 of the bytes received.
 - vLLM source release: found on the channel's PyPI index, downloaded and verified against the index's
   hash; its requirement files give the dependency closure.
-- Wheels (TheRock ROCm + device code, torch, triton, vLLM's closure): resolved by uv for the bundle's
-  interpreter and manylinux platform, TheRock's index first, into a PEP 751 pylock.toml. Each package
-  is trimmed to the one wheel the bundle installs; a size the index did not publish is read from the
-  server (HEAD), and every hash is checked again when the wheel is fetched.
+- Wheels (TheRock's ROCm SDK + device code, torch, triton, vLLM's closure): resolved by uv for the
+  bundle's interpreter and manylinux platform into a PEP 751 pylock.toml. The packages TheRock owns are
+  pinned to its index (uv's per-package index assignment), everything else comes from PyPI even where
+  TheRock's index mirrors it (see :mod:`vllm_bundle.therock`); ``rocm``, an sdist only, is overridden
+  out of the resolution and pinned on its own. Each package is trimmed to the one wheel the bundle
+  installs; a hash the index did not publish is computed from the downloaded bytes, a size the index
+  did not publish is read from the server (HEAD), and every hash is checked again when the wheel is
+  fetched.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 import tomli_w
@@ -41,18 +49,30 @@ from vllm_bundle.lockfile import (
     render_lock,
     supported_tags,
 )
+from vllm_bundle.progress import human_size
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.sdist_requirements import extract_requirement_files, filter_requirement_files
 from vllm_bundle.simple_index import IndexFile, project_files
+from vllm_bundle.therock import Owned, lock_rocm_sdist, owned_requirements, require_index
 from vllm_bundle.transport import check_url, describe
+
+SDK_CORE = "rocm-sdk-core"  # the ROCm version of a lock is this wheel's
 
 
 @dataclass(frozen=True)
 class Sources:
-    """Where the lock reads upstream from. ``index``/``mirror`` override the channel (local mirrors)."""
+    """Where the lock reads upstream from; each, when given, replaces the channel's (local mirrors)."""
 
-    index: str | None = None  # one PEP 503 index serving TheRock's and PyPI's packages
+    therock_index: str | None = None  # TheRock's index (`{family}` allowed)
+    pypi_index: str | None = None  # a PEP 503 index serving PyPI's packages
     mirror: str | None = None  # release files (CPython tarball, SHA256SUMS) by file name
+
+    def therock(self, channel: Channel, target: Target) -> str:
+        index = self.therock_index or channel.therock_index
+        return index.replace("{family}", target.legacy_family)
+
+    def pypi(self, channel: Channel) -> str:
+        return self.pypi_index or channel.pypi_index
 
 
 def _header(target: Target, channel: Channel) -> str:
@@ -110,44 +130,63 @@ def lock_vllm_sdist(recipes: Recipes, index: str, fetcher: Fetcher) -> tuple[Art
     return Artifact("vllm", filename, entry.url, entry.sha256, path.stat().st_size), entry
 
 
-def bundle_requirements(recipes: Recipes, target: Target, channel: Channel, vllm_lines: list[str]) -> str:
-    """The top-level requirements uv resolves: pinned components, device wheels, and vLLM's
-    requirement files (source builds) or the prebuilt vLLM wheel itself (repackage mode)."""
-    lines = ["# components (recipes/components.toml, versions from recipes/channels.toml)"]
-    for component, names in recipes.component_requirements.items():
-        lines += [f"{name}{channel.versions[component]}" for name in names]
-    if channel.therock_layout == "multi-arch":
-        templates = recipes.raw["targets.toml"]["device-wheels"]
-        lines.append(f"# per-ISA device code for {target.name}")
-        for component, template in templates.items():
-            spec = channel.versions.get(component, "")
-            lines += [f"{template.format(isa=isa)}{spec}" for isa in target.isas]
-    lines.append("# vLLM")
-    lines += vllm_lines
-    return "\n".join(lines) + "\n"
+LOCK_PROJECT = """[project]
+name = "vllm-bundle-lock"
+version = "0"
+requires-python = "=={minor}.*"
+dependencies = {dependencies}
+
+[[tool.uv.index]]
+name = "therock"
+url = "{therock}"
+explicit = true
+
+[tool.uv.sources]
+{sources}
+"""
+#: `rocm` is an sdist only (torch requires rocm[libraries]): a marker that never holds removes it from
+#: the resolution; its SDK wheels are locked by name and the sdist pinned on its own.
+OVERRIDES = 'rocm ; python_version < "0"\n'
+PLATFORM_FAILURE = re.compile(
+    r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\{[^}]*\})?(?:==\S+)? has no wheels with a matching platform tag"
+)
+PLATFORM_HINT = re.compile(
+    r"Wheels are available for `(?P<name>[^`]+)` \(v(?P<version>[^)]+)\) on the following platforms?: (?P<tags>.+)"
+)
+
+
+def write_lock_project(work: Path, owned: list[Owned], therock: str, minor: str, vllm_lines: list[str]) -> list[Path]:
+    """The inputs uv resolves: a project whose dependencies are TheRock's packages, each pinned to
+    TheRock's (explicit) index, and vLLM's own requirement files, resolved from the default index."""
+    project = work / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        LOCK_PROJECT.format(
+            minor=minor,
+            dependencies=json.dumps([o.line for o in owned]),
+            therock=therock,
+            sources="\n".join(f'"{o.name}" = {{ index = "therock" }}' for o in owned),
+        )
+    )
+    vllm = work / "vllm.in"
+    vllm.write_text("\n".join(vllm_lines) + "\n")
+    (work / "overrides.txt").write_text(OVERRIDES)
+    return [project / "pyproject.toml", vllm]
 
 
 def run_uv_compile(
-    requirements: Path,
-    output: Path,
-    recipes: Recipes,
-    channel: Channel,
-    target: Target,
-    sources: Sources,
-    uv_cache: Path,
+    inputs: list[Path], output: Path, recipes: Recipes, where: str, channel: Channel, pypi: str, uv_cache: Path
 ) -> None:
+    """``where``: ``<target>/<channel>``, for messages."""
     python = recipes.python
-    if sources.index:
-        indexes = ["--default-index", sources.index]
-    else:
-        indexes = ["--index", channel.therock_index_for(target), "--default-index", channel.pypi_index]
-    for url in indexes[1::2]:
-        check_url(url)
+    check_url(pypi)
     command = [
         uv.find_uv_bin(),
         "pip",
         "compile",
-        str(requirements),
+        *map(str, inputs),
+        "--overrides",
+        str(inputs[0].parent.parent / "overrides.txt"),
         "--output-file",
         str(output),
         "--format",
@@ -159,36 +198,78 @@ def run_uv_compile(
         python.minor,
         "--python-platform",
         python.platform,
-        "--index-strategy",
-        "first-index",
         "--only-binary",
         ":all:",
         "--generate-hashes",
         "--prerelease",
-        "allow" if channel.prereleases else "if-necessary-or-explicit",
+        "allow" if channel.prereleases else "if-necessary",
         "--cache-dir",
         str(uv_cache),
-        *indexes,
+        "--default-index",
+        pypi,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
-        first = next((ln.strip(" ×╰─▶") for ln in result.stderr.splitlines() if ln.strip()), "uv failed")
-        raise LockError(
-            f"uv could not resolve the wheels for {target.name}/{channel.name}: {first}",
-            "see uv's explanation above; adjust the versions in recipes/channels.toml",
+        raise _resolution_error(result.stderr, recipes, where)
+
+
+def _resolution_error(stderr: str, recipes: Recipes, where: str) -> LockError:
+    hint, failure = PLATFORM_HINT.search(stderr), PLATFORM_FAILURE.search(stderr)
+    fix = "raise python.platform in recipes/components.toml to what its wheels need"
+    if hint:
+        tags = hint["tags"].replace("`", "").strip()
+        return LockError(
+            f"{hint['name']} {hint['version']} has wheels only for {tags}, none for {recipes.python.platform} "
+            "(the platform the bundle's wheels are resolved for)",
+            fix,
         )
+    if failure:
+        return LockError(f"{failure['name']} has no wheel for {recipes.python.platform}", fix)
+    first = next((ln.strip(" ×╰─▶") for ln in stderr.splitlines() if ln.strip()), "uv failed")
+    return LockError(
+        f"uv could not resolve the wheels for {where}: {first}",
+        "see uv's explanation above; adjust the versions in recipes/channels.toml",
+    )
 
 
-def _trim_and_size(pylock: dict[str, Any], recipes: Recipes, fetcher: Fetcher) -> dict[str, Any]:
-    """Keep one wheel per package (the one installed) and make sure each has a size and a hash."""
-    ranking = {tag: i for i, tag in enumerate(supported_tags(recipes.python.minor, recipes.python.platform))}
+@dataclass
+class Measured:
+    """What the lock downloaded to hash what the indexes did not publish a sha256 for."""
+
+    files: int = 0
+    bytes: int = 0
+
+
+def _trim_size_and_hash(
+    pylock: dict[str, Any], recipes: Recipes, fetcher: Fetcher, measured: Measured, unpublished: set[str]
+) -> dict[str, Any]:
+    """Keep one wheel per package (the one installed) and give each a verified size and sha256: a file
+    whose index page published no sha256 (``unpublished``) is downloaded and hashed here."""
+    python = recipes.python
+    ranking = {tag: i for i, tag in enumerate(supported_tags(python.minor, python.platform))}
     for package in pylock.get("packages", []):
         wheel = best_wheel(package, ranking)
         if wheel is None:
-            raise LockError(f"uv locked {package['name']} {package['version']} without a usable wheel", "re-lock")
-        if "sha256" not in wheel.get("hashes", {}):
-            raise LockError(f"the index published no sha256 for {wheel['url']}", "use an index that does")
+            raise LockError(
+                f"{package['name']} {package['version']} has no wheel for CPython {python.minor} on {python.platform}",
+                "raise python.platform in recipes/components.toml to what its wheels need",
+            )
+        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
+        if filename in unpublished or "sha256" not in wheel.get("hashes", {}):
+            pinned = fetcher.measure(package["name"], filename, wheel["url"])
+            resolved = wheel.get("hashes", {}).get("sha256")
+            if resolved not in (None, pinned.sha256):
+                raise LockError(
+                    f"{wheel['url']} gave uv and the lock different bytes (sha256 {resolved[:16]}… then "
+                    f"{pinned.sha256[:16]}…)",
+                    "the index changed the file while locking: lock again",
+                )
+            wheel["hashes"] = {"sha256": pinned.sha256}
+            wheel["size"] = pinned.size
+            measured.files += 1
+            measured.bytes += pinned.size or 0
         if wheel.get("size") is None:
             wheel["size"] = _content_length(fetcher, wheel["url"])
         package["wheels"] = [wheel]
@@ -210,6 +291,9 @@ def _content_length(fetcher: Fetcher, url: str) -> int:
 def _component_versions(recipes: Recipes, pylock: Mapping[str, Any], prebuilt_vllm: bool) -> dict[str, str]:
     versions = locked_versions(pylock)
     result = {"python": recipes.python.version, "vllm": versions["vllm"] if prebuilt_vllm else recipes.vllm.version}
+    if SDK_CORE not in versions:
+        raise LockError(f"the resolution has no {SDK_CORE}", "check the channel's TheRock index")
+    result["rocm"] = versions[SDK_CORE]  # the ROCm version is the SDK's
     for component, names in recipes.component_requirements.items():
         name = canonicalize_name(Requirement(names[0]).name)
         if name not in versions:
@@ -240,13 +324,12 @@ class _VllmInputs:
     upload_times: list[int]
 
 
-def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: Sources, work: Path) -> _VllmInputs:
-    if channel.vllm_wheel is not None:
+def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str, work: Path) -> _VllmInputs:
+    if channel.vllm_wheel is not None:  # locked as one of TheRock's packages
         fetcher.reporter.note(f"lock   vLLM: prebuilt wheel vllm{channel.vllm_wheel} (repackage mode)")
-        return _VllmInputs([f"vllm{channel.vllm_wheel}"], {}, [])
-    index = sources.index or channel.pypi_index
-    fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {index}")
-    sdist, entry = lock_vllm_sdist(recipes, index, fetcher)
+        return _VllmInputs([], {}, [])
+    fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {pypi}")
+    sdist, entry = lock_vllm_sdist(recipes, pypi, fetcher)
     top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm", recipes.vllm.version)
     filtered = filter_requirement_files(top, recipes.vllm.requirement_files, recipes.vllm.drop_requirements)
     for line in filtered.dropped:
@@ -256,6 +339,39 @@ def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: 
     return _VllmInputs(lines, {"vllm-sdist": sdist}, [entry.upload_time] if entry.upload_time else [])
 
 
+def _resolve_wheels(
+    recipes: Recipes, target: Target, channel: Channel, fetcher: Fetcher, sources: Sources, work: Path
+) -> tuple[dict[str, Any], _VllmInputs]:
+    therock, pypi = sources.therock(channel, target), sources.pypi(channel)
+    require_index(fetcher.session, therock, channel, target)
+    vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work)
+    owned = owned_requirements(recipes, target, channel, fetcher.session, therock)
+    fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.name for o in owned)}")
+    inputs = write_lock_project(work, owned, therock, recipes.python.minor, vllm.requirement_lines)
+    fetcher.reporter.note(
+        f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
+    )
+    resolved = work / "pylock.resolved.toml"
+    where = f"{target.name}/{channel.name}"
+    run_uv_compile(inputs, resolved, recipes, where, channel, pypi, fetcher.cache.root / "uv")
+    measured = Measured()
+    unpublished = _unpublished_hashes(fetcher, therock, owned)
+    with resolved.open("rb") as handle:
+        pylock = _trim_size_and_hash(tomllib.load(handle), recipes, fetcher, measured, unpublished)
+    if measured.files:
+        fetcher.reporter.note(
+            f"lock   hashed {measured.files} files the indexes published no sha256 for "
+            f"({human_size(measured.bytes)} downloaded)"
+        )
+    return pylock, vllm
+
+
+def _unpublished_hashes(fetcher: Fetcher, therock: str, owned: list[Owned]) -> set[str]:
+    """The files of TheRock's packages whose index page gives no sha256 (its generators add one only
+    sometimes): the lock hashes those from their bytes rather than trust a hash it cannot check."""
+    return {f.filename for o in owned for f in project_files(fetcher.session, therock, o.name) if not f.sha256}
+
+
 def make_lock(
     recipes: Recipes, target: Target, channel: Channel, fetcher: Fetcher, sources: Sources, locks_dir: Path
 ) -> Lock:
@@ -263,26 +379,18 @@ def make_lock(
     fetcher.reporter.note(f"lock   {target.name} ({channel.name}): CPython {recipes.python.version}")
     python = lock_python(recipes, channel, fetcher, sources)
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-lock-") as tmp:
-        work = Path(tmp)
-        vllm = _vllm_inputs(recipes, channel, fetcher, sources, work)
-        requirements = work / "bundle.in"
-        requirements.write_text(bundle_requirements(recipes, target, channel, vllm.requirement_lines))
-        fetcher.reporter.note(
-            f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
-        )
-        resolved = work / "pylock.resolved.toml"
-        run_uv_compile(requirements, resolved, recipes, channel, target, sources, fetcher.cache.root / "uv")
-        with resolved.open("rb") as handle:
-            pylock = _trim_and_size(tomllib.load(handle), recipes, fetcher)
+        pylock, vllm = _resolve_wheels(recipes, target, channel, fetcher, sources, Path(tmp))
+    versions = _component_versions(recipes, pylock, prebuilt_vllm=channel.vllm_wheel is not None)
+    rocm = lock_rocm_sdist(fetcher, sources.therock(channel, target), versions["rocm"])
     pylock_bytes = tomli_w.dumps(pylock).encode()
-    artifacts = {"python": python, **vllm.artifacts}
+    artifacts = {"python": python, "rocm-sdist": rocm, **vllm.artifacts}
     lock = Lock(
         target=target.name,
         channel=channel.name,
         recipe_hash=recipes.recipe_hash(target, channel),
         pylock_sha256=hashlib.sha256(pylock_bytes).hexdigest(),
         source_date_epoch=_source_date(pylock, vllm.upload_times, recipes),
-        versions=_component_versions(recipes, pylock, prebuilt_vllm=channel.vllm_wheel is not None),
+        versions=versions,
         artifacts=tuple(artifacts.values()),
         roles={role: a.sha256 for role, a in artifacts.items()},
     )

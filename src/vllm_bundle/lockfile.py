@@ -24,7 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from vllm_bundle.errors import LockError, LockMissingError
 from vllm_bundle.fetch import Artifact
 
-LOCK_VERSION = 2
+LOCK_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -94,16 +95,38 @@ def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str])
     }
 
 
+def _target_pins(doc: Mapping[str, Any]) -> dict[str, str]:
+    """target -> pin of one file; every tag it checksums must be ``<its pin>-<target>``."""
+    vllm = doc.get("vllm", {})
+    pins = {"": vllm.get("rocm", "")} | dict(vllm.get("rocm_arch_overrides", {}))
+    targets = {}
+    for tags in doc.get("checksums", {}).get("github", {}).values():
+        for tag in tags:
+            pin, target = tag.rsplit("-", 1)
+            if pin not in (pins.get(target), pins[""]):
+                raise ManifestError(
+                    f"a file pins {pins['']!r} but checksums {tag!r}", "merge only files written by the release stage"
+                )
+            targets[target] = pin
+    return targets
+
+
 def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One backend_versions.json for a release made of several targets' files."""
+    """One backend_versions.json for several targets' files: Lemonade's ``vllm.rocm`` pin (the one most
+    targets share) and ``vllm.rocm_arch_overrides`` for the targets on another release line (keyed by
+    target, the family name Lemonade appends), with every part's checksum."""
     if not documents:
         raise ManifestError("nothing to merge")
-    pins = {json.dumps(doc.get("vllm"), sort_keys=True) for doc in documents}
-    if len(pins) != 1:
-        raise ManifestError(
-            f"the files pin different vLLM builds: {sorted(pins)}", "merge only the targets of one release"
-        )
-    merged: dict[str, Any] = {"vllm": documents[0]["vllm"], "checksums": {"github": {}}}
+    pins: dict[str, str] = {}
+    for doc in documents:
+        for target, pin in _target_pins(doc).items():
+            if pins.setdefault(target, pin) != pin:
+                raise ManifestError(f"{target} is pinned to both {pins[target]} and {pin}", "merge one release")
+    counts = Counter(pins.values())
+    default = min(counts, key=lambda pin: (-counts[pin], pin))
+    overrides = {target: pin for target, pin in sorted(pins.items()) if pin != default}
+    vllm: dict[str, Any] = {"rocm": default} | ({"rocm_arch_overrides": overrides} if overrides else {})
+    merged: dict[str, Any] = {"vllm": vllm, "checksums": {"github": {}}}
     for doc in documents:
         for repo, tags in doc.get("checksums", {}).get("github", {}).items():
             for tag, assets in tags.items():
@@ -115,6 +138,12 @@ def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, 
                         )
                     existing[name] = digest
     return merged
+
+
+def pinned_tag(doc: Mapping[str, Any], target: str) -> str:
+    """The tag Lemonade installs for ``target``: its override's, else the default pin, plus ``-<target>``."""
+    vllm = doc["vllm"]
+    return f"{vllm.get('rocm_arch_overrides', {}).get(target, vllm['rocm'])}-{target}"
 
 
 def read_json(path: Path) -> dict[str, Any]:

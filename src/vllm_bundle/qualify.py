@@ -14,10 +14,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
+from importlib import resources
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
@@ -29,12 +30,12 @@ from packaging.version import Version
 
 from vllm_bundle.assemble import Layout, library_dirs
 from vllm_bundle.elf import dynamic_info, is_elf
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import BundleError, RecipeError
 from vllm_bundle.extract import symlink_problems
 from vllm_bundle.install import extract_parts
 from vllm_bundle.offload import fatbin_isas
 from vllm_bundle.recipes import Table, Target, read_toml
-from vllm_bundle.records import verify_records
+from vllm_bundle.records import read_record, records, resolve, verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
 from vllm_bundle.stage import StageResult, run_stage
 
@@ -49,9 +50,10 @@ class QualificationError(BundleError):
 
 @dataclass(frozen=True)
 class QualifyRules:
-    system_libraries: frozenset[str]
+    system_libraries: frozenset[str]  # qualify.toml's, with the manylinux policy's for the platform
     system_library_dirs: tuple[str, ...]
     smoke_imports: tuple[str, ...]
+    optional: Mapping[str, frozenset[str]] = field(default_factory=dict)  # package -> libraries it may lack
 
 
 @dataclass
@@ -81,12 +83,26 @@ class Report:
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def load_rules(recipes_dir: Path) -> QualifyRules:
+def manylinux_libraries(platform: str) -> frozenset[str]:
+    """The libraries the manylinux policy of ``platform`` (``x86_64-manylinux_2_35``) lets a wheel take
+    from the system: auditwheel's own policy data, the reference for what manylinux allows."""
+    tag = platform.partition("-")[2]
+    policies = json.loads(resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text())
+    for policy in policies:
+        if tag == policy["name"] or tag in policy.get("aliases", []):
+            allowed = policy["lib_whitelist"]
+            return frozenset(allowed if isinstance(allowed, list) else next(iter(allowed.values())))
+    raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}")
+
+
+def load_rules(recipes_dir: Path, platform: str) -> QualifyRules:
     rules = Table(read_toml(recipes_dir / QUALIFY_FILE), QUALIFY_FILE)
+    optional = rules.table("optional-libraries") if "optional-libraries" in rules.data else None
     return QualifyRules(
-        frozenset(rules.strings("system-libraries")),
+        frozenset(rules.strings("system-libraries")) | manylinux_libraries(platform),
         rules.strings("system-library-dirs"),
         rules.strings("smoke-imports"),
+        {canonicalize_name(p): frozenset(optional.strings(p)) for p in optional.data} if optional else {},
     )
 
 
@@ -94,25 +110,48 @@ def _expand(entry: str, origin: Path) -> Path:
     return Path(entry.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin)))
 
 
+def _resolves(needed: str, origin: Path, search: list[Path], rules: QualifyRules) -> bool:
+    if "/" in needed:  # a path, e.g. python-build-standalone's $ORIGIN/../lib/libpython3.12.so.1.0
+        return _expand(needed, origin).exists()
+    return needed in rules.system_libraries or any((d / needed).exists() for d in search)
+
+
+def owners(site: Path) -> dict[Path, str]:
+    """Each installed file -> the distribution whose RECORD lists it (for naming problems by package)."""
+    owned: dict[Path, str] = {}
+    for record in records(site):
+        dist = canonicalize_name(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        for entry in read_record(record):
+            owned[resolve(site, entry)] = dist
+    return owned
+
+
 def check_elf_closure(layout: Layout, rules: QualifyRules) -> CheckResult:
+    """Every DT_NEEDED resolves, save what a package is allowed to lack (qualify.toml's
+    optional-libraries: a feature of it the server does not use); those are listed as notes."""
     launcher_dirs = [layout.site / d for d in library_dirs(layout)] + [layout.root / "lib"]
-    problems, count = [], 0
+    owned = owners(layout.site)
+    problems, notes, count = [], [], 0
     for path in regular_files(layout.root):
-        if not is_elf(path):
-            continue
-        info = dynamic_info(path)
+        info = dynamic_info(path) if is_elf(path) else None
         if info is None:
             continue
         count += 1
         search = [_expand(e, path.parent) for e in (*info.rpath, *info.runpath) if e] + launcher_dirs
+        package = owned.get(Path(os.path.normpath(path)))
         for needed in info.needed:
-            if needed in rules.system_libraries or any((d / needed).exists() for d in search):
+            if _resolves(needed, path.parent, search, rules):
                 continue
-            problems.append(
-                f"{path.relative_to(layout.root)} needs {needed}, found neither in the bundle "
-                "nor in the system allow-list"
-            )
-    return CheckResult("elf-closure", not problems, f"{count} ELF files, every DT_NEEDED resolved", problems)
+            where = f"{package}: " if package else ""
+            line = f"{where}{path.relative_to(layout.root)} needs {needed}"
+            if package and needed in rules.optional.get(package, ()):
+                notes.append(f"{line} (optional for {package}, qualify.toml)")
+            else:
+                problems.append(f"{line}, found neither in the bundle nor in the system allow-list")
+    summary = f"{count} ELF files, every DT_NEEDED resolved"
+    if notes:
+        summary += f"; {len(notes)} optional libraries absent: " + "; ".join(notes[:3])
+    return CheckResult("elf-closure", not problems, summary, problems)
 
 
 def check_search_paths(layout: Layout, rules: QualifyRules) -> CheckResult:
@@ -332,7 +371,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 4
+STAGE_VERSION = 5
 REPORT = "qualification.json"
 
 
@@ -359,7 +398,12 @@ def qualify_stage(
     """Stage ``qualify``: the tier 0 report of the bundle tree (cached with the tree it judged)."""
     inputs = {
         "root": root.key,
-        "rules": asdict(rules) | {"system_libraries": sorted(rules.system_libraries)},
+        "rules": {
+            "system_libraries": sorted(rules.system_libraries),
+            "system_library_dirs": rules.system_library_dirs,
+            "smoke_imports": rules.smoke_imports,
+            "optional": {package: sorted(libs) for package, libs in sorted(rules.optional.items())},
+        },
         "target": asdict(target),
     }
 

@@ -22,7 +22,7 @@ from vllm_bundle.errors import RecipeError, UnknownTargetError
 
 #: Bumped whenever the meaning of a recipe value or the lock format changes: it is part of the
 #: recipe hash, so every lock made by an older tool shows as out of date.
-RECIPE_SCHEMA = 1
+RECIPE_SCHEMA = 2
 
 TARGETS_FILE = "targets.toml"
 CHANNELS_FILE = "channels.toml"
@@ -39,7 +39,6 @@ class Target:
     isas: tuple[str, ...]
     legacy_family: str
     size_budget_gib: float
-    device_wheels: tuple[str, ...]  # TheRock per-ISA device wheels (multi-arch layout)
 
     @property
     def pytorch_rocm_arch(self) -> str:
@@ -56,10 +55,14 @@ class Channel:
     python_releases: str
     prereleases: bool
     versions: Mapping[str, str]
+    sdk_wheels: tuple[str, ...]  # TheRock's ROCm SDK as wheels; `{family}` for per-family indexes
     vllm_wheel: str | None = None  # repackage mode: a prebuilt vLLM wheel (specifier) from the indexes
 
     def therock_index_for(self, target: Target) -> str:
         return self.therock_index.replace("{family}", target.legacy_family)
+
+    def sdk_wheels_for(self, target: Target) -> tuple[str, ...]:
+        return tuple(name.replace("{family}", target.legacy_family) for name in self.sdk_wheels)
 
 
 @dataclass(frozen=True)
@@ -91,21 +94,41 @@ class AttentionRule:
 
 
 @dataclass(frozen=True)
+class ServerRule:
+    """How the launcher starts vLLM's OpenAI-compatible server for some vLLM versions."""
+
+    versions: SpecifierSet
+    command: tuple[str, ...]  # arguments to python before the caller's, e.g. ("-m", "vllm...", "serve")
+
+
+Rule = TypeVar("Rule", AttentionRule, ServerRule)
+
+
+def _covering(rules: tuple[Rule, ...], wanted: Version, table: str) -> Rule:
+    """The first rule whose ``versions`` contain ``wanted`` (prereleases too)."""
+    for rule in rules:
+        if rule.versions.contains(wanted, prereleases=True):
+            return rule
+    raise RecipeError(
+        f"bad recipe {COMPONENTS_FILE}: no {table} entry covers vLLM {wanted}",
+        "add one for this version",
+    )
+
+
+@dataclass(frozen=True)
 class VllmRecipe:
     version: str
     requirement_files: tuple[str, ...]
     drop_requirements: tuple[str, ...]
     attention: tuple[AttentionRule, ...]
+    torch: str  # the torch releases this vLLM version supports (a specifier; the channel narrows it)
+    servers: tuple[ServerRule, ...] = ()
+
+    def server_rule(self, version: str | None = None) -> ServerRule:
+        return _covering(self.servers, Version(version or self.version), "[[vllm.server]]")
 
     def attention_rule(self, version: str | None = None) -> AttentionRule:
-        wanted = Version(version or self.version)
-        for rule in self.attention:
-            if rule.versions.contains(wanted, prereleases=True):
-                return rule
-        raise RecipeError(
-            f"bad recipe {COMPONENTS_FILE}: no [[vllm.attention]] entry covers vLLM {wanted}",
-            "add one for this version",
-        )
+        return _covering(self.attention, Version(version or self.version), "[[vllm.attention]]")
 
     @property
     def sdist(self) -> str:
@@ -116,6 +139,7 @@ class VllmRecipe:
 class Recipes:
     root: Path
     targets: Mapping[str, Target]
+    device_packages: Mapping[str, str]  # component -> prefix of TheRock's device-code packages
     channels: Mapping[str, Channel]
     python: PythonRecipe
     component_requirements: Mapping[str, tuple[str, ...]]  # rocm/torch/triton -> requirement names
@@ -143,7 +167,7 @@ class Recipes:
         """Hash of every recipe value a (target, channel) lock depends on."""
         inputs = {
             "schema": RECIPE_SCHEMA,
-            "device-wheels": self.raw[TARGETS_FILE].get("device-wheels"),
+            "device-packages": self.raw[TARGETS_FILE].get("device-packages"),
             "target": self.raw[TARGETS_FILE]["targets"][target.name],
             "channel": self.raw[CHANNELS_FILE]["channels"][channel.name],
             "components": self.raw[COMPONENTS_FILE],
@@ -227,12 +251,12 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise RecipeError(f"bad recipe {path.name}: not valid TOML: {err}") from None
 
 
+def _parse_device_packages(doc: Table) -> dict[str, str]:
+    prefixes = doc.table("device-packages")
+    return {component: prefixes.text(component) for component in prefixes.data}
+
+
 def _parse_targets(doc: Table) -> dict[str, Target]:
-    templates = doc.table("device-wheels")
-    wheel_templates = [templates.text(kind) for kind in templates.data]
-    for kind in templates.data:
-        if "{isa}" not in templates.text(kind):
-            raise templates.fail(kind, "a wheel name containing '{isa}'")
     targets = {}
     for name, entry in doc.table("targets").items():
         isas = entry.strings("isas")
@@ -245,7 +269,6 @@ def _parse_targets(doc: Table) -> dict[str, Target]:
             isas=isas,
             legacy_family=entry.text("legacy-family"),
             size_budget_gib=entry.number("size-budget-gib"),
-            device_wheels=tuple(t.format(isa=isa) for isa in isas for t in wheel_templates),
         )
     if not targets:
         raise doc.fail("targets", "at least one [targets.<name>] table")
@@ -270,6 +293,7 @@ def _parse_channels(doc: Table, components: tuple[str, ...]) -> dict[str, Channe
             python_releases=entry.text("python-releases"),
             prereleases=entry.get("prereleases", bool, "true or false"),
             versions={c: versions.data[c] for c in components},
+            sdk_wheels=entry.strings("sdk-wheels"),
             vllm_wheel=entry.specifier("vllm-wheel") if "vllm-wheel" in entry.data else None,
         )
     return channels
@@ -314,6 +338,15 @@ def load_targets(root: Path) -> dict[str, Target]:
     return _parse_targets(Table(read_toml(root / TARGETS_FILE), TARGETS_FILE))
 
 
+def _parse_servers(vllm: Table) -> tuple[ServerRule, ...]:
+    entries = vllm.get("server", list, "a list of [[vllm.server]] tables")
+    rules = []
+    for index, entry in enumerate(entries):
+        table = Table(entry, vllm.file, f"{vllm.path}.server[{index}]")
+        rules.append(ServerRule(SpecifierSet(table.specifier("versions")), table.strings("command")))
+    return tuple(rules)
+
+
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
     raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
@@ -321,10 +354,12 @@ def load_recipes(root: Path) -> Recipes:
     pinned = components.table("wheels")
     component_requirements = {name: pinned.strings(name) for name in pinned.data}
     vllm = components.table("vllm")
+    targets_doc = Table(raw[TARGETS_FILE], TARGETS_FILE)
     return Recipes(
         root=root,
-        targets=_parse_targets(Table(raw[TARGETS_FILE], TARGETS_FILE)),
-        channels=_parse_channels(Table(raw[CHANNELS_FILE], CHANNELS_FILE), tuple(pinned.data)),
+        targets=_parse_targets(targets_doc),
+        device_packages=_parse_device_packages(targets_doc),
+        channels=_parse_channels(Table(raw[CHANNELS_FILE], CHANNELS_FILE), ("rocm", *pinned.data)),
         python=_parse_python(components),
         component_requirements=component_requirements,
         vllm=VllmRecipe(
@@ -332,6 +367,8 @@ def load_recipes(root: Path) -> Recipes:
             requirement_files=vllm.strings("requirement-files"),
             drop_requirements=vllm.strings("drop-requirements"),
             attention=_parse_attention(vllm),
+            torch=vllm.specifier("torch"),
+            servers=_parse_servers(vllm),
         ),
         raw=raw,
     )

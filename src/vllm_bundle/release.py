@@ -121,7 +121,9 @@ def release_stage(
             root.path, tmp, stem, date, part_size=options.part_size, level=options.level
         )
         (tmp / f"{stem}.partcount").write_text(f"{len(parts):02d}")
-        artifact_hashes = {role: lock.roles[role] for role in ("python", "vllm-sdist") if role in lock.roles}
+        artifact_hashes = {
+            role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
+        }
         (tmp / f"{stem}.cdx.json").write_bytes(
             build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes)
         )

@@ -63,19 +63,19 @@ def fix_shebangs(root: Path, python_name: str) -> list[Path]:
 
 
 def fix_rpaths(root: Path, build_dir: Path) -> list[Path]:
-    """Rewrite search-path entries that point into ``build_dir`` as ``$ORIGIN``-relative ones."""
+    """Rewrite search-path entries that point into ``build_dir`` as ``$ORIGIN``-relative ones, and drop
+    other absolute entries (a wheel built against ``/opt/rocm-7.0.0/lib``, say): a bundle must never
+    pick up a host's ROCm; the system's own directories are searched by the loader anyway."""
     fixed = []
     build = str(build_dir.resolve())
     for path in regular_files(root):
-        if not is_elf(path):
-            continue
-        info = dynamic_info(path)
+        info = dynamic_info(path) if is_elf(path) else None
         if info is None:
             continue
         entries = list(info.runpath or info.rpath)
-        if not any(entry.startswith(build) for entry in entries):
+        if not any(entry.startswith("/") for entry in entries):
             continue
-        rewritten = [_origin_relative(path, entry, root, build) for entry in entries]
+        rewritten = [_origin_relative(path, e, root, build) for e in entries if e.startswith(("$", build))]
         unshare(path)
         set_runpath(path, rewritten)
         fixed.append(path)

@@ -84,3 +84,21 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
         url, sha = _split_hash(urljoin(page, href))
         files.append(IndexFile(text or url.rsplit("/", 1)[-1], url, sha, None, None))
     return files
+
+
+def page_exists(session: requests.Session, url: str) -> bool:
+    """Whether an index page (an index's root, or a project's page) is there: 200 yes, 404 no."""
+    check_url(url)
+    try:
+        response = session.get(url, headers={"Accept": "text/html"}, timeout=60)
+    except requests.RequestException as err:
+        raise NetworkError(f"cannot read the index page {url}: {describe(err)}", UNREACHABLE_HINT) from None
+    if response.status_code in (404, 410):
+        return False
+    if response.status_code != 200:
+        raise NetworkError(f"the index page {url} answered HTTP {response.status_code}", UNREACHABLE_HINT)
+    return True
+
+
+def project_page(index: str, project: str) -> str:
+    return index.rstrip("/") + f"/{project}/"

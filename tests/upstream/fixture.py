@@ -3,13 +3,17 @@
 Served tree::
 
     releases/cpython-<ver>+<date>-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz, SHA256SUMS
-    files/<wheels and sdists>
-    simple/<project>/index.html       PEP 503 (TheRock's indexes: hashes, no sizes)
-    simple/<project>/index.json       PEP 691 (PyPI-like projects: hashes, sizes, upload times)
+    files/<every wheel and sdist>
+    therock/whl-multi-arch/<project>/index.html   TheRock's stable multi-arch index (PEP 503, #sha256
+    therock/whl-next/<project>/index.html         only sometimes); see therock.py
+    pypi/simple/<project>/index.json, index.html  PyPI (PEP 691 + 503: hashes, sizes, upload times)
+    mirror/<every file>                           a flat mirror (what --mirror serves)
 
 TheRock-shaped wheels carry real ELF libraries with DT_NEEDED chains between packages and hidden
-``.kpack`` device-code files; the python-build-standalone-shaped tarball has one ``python/`` top
-directory whose build files still name the ``/install`` prefix, as upstream's do.
+``.kpack`` device-code files; PyPI-shaped ones need system libraries, some allowed (libz) and some
+the bundle never has (pypi.py). The python-build-standalone-shaped tarball has one ``python/`` top
+directory whose build files still name the ``/install`` prefix, and its ``lib/libpython3.so`` names
+its library through ``$ORIGIN``, as upstream's do.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import html
 import json
 import platform
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tomllib
@@ -28,26 +33,26 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from vllm_bundle.elf import dynamic_info, set_runpath
+from vllm_bundle.elf import dynamic_info, patchelf_bin, set_runpath
 
+from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
+from .therock import MULTI_ARCH, NEXT
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
 PYTHON_VERSION = platform.python_version()
 PYTHON_MINOR = "{}.{}".format(*sys.version_info[:2])
 PYTHON_RELEASE = "20251120"
-ROCM_VERSION = "7.14.0"
-TORCH_VERSION = f"2.12.0+rocm{ROCM_VERSION}"
-TRITON_VERSION = f"3.7.1+git0263a6a6.rocm{ROCM_VERSION}"
+ROCM_VERSION = MULTI_ARCH.rocm
+TORCH_VERSION = MULTI_ARCH.torch
+TRITON_VERSION = MULTI_ARCH.triton
 VLLM_VERSION = "0.33.0"
-ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
 CP = "cp{}{}".format(*sys.version_info[:2])
-OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pick
-LINUX = "linux_x86_64"
-THEROCK_PROJECTS = {"rocm", "rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel", "torch", "triton"}
+THEROCK_MULTI_ARCH = f"therock/{MULTI_ARCH.name}"
+THEROCK_NEXT = f"therock/{NEXT.name}"
+PYPI = "pypi/simple"
 
-AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
 # torch._C: a real CPython extension whose call crosses torch/lib into the ROCm SDK's libraries.
 TORCH_EXTENSION = r"""
 #include <Python.h>
@@ -65,6 +70,7 @@ class Fixture:
     root: Path
     python_asset: str = ""
     files: dict[str, Path] = field(default_factory=dict)  # filename -> path under files/
+    indexes: dict[str, list[Path]] = field(default_factory=dict)  # index dir -> the files it serves
 
     @property
     def releases(self) -> Path:
@@ -73,6 +79,10 @@ class Fixture:
     def sha256(self, filename: str) -> str:
         path = self.files.get(filename) or self.releases / filename
         return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    def serve(self, index: str, artifacts: list[Path]) -> None:
+        self.indexes.setdefault(index, []).extend(artifacts)
+        self.files.update({a.name: a for a in artifacts})
 
 
 def _elf_chain(work: Path) -> dict[str, Path]:
@@ -162,9 +172,19 @@ def _python_tree(dest: Path) -> None:
         shutil.copytree(base / "lib" / "pkgconfig", top / "lib" / "pkgconfig", symlinks=True)
     set_runpath(top / "bin" / f"python{PYTHON_MINOR}", ["$ORIGIN/../lib"])
     _self_contained(top)
+    _pbs_stable_abi_library(top / "lib")
     for path in [*top.rglob("_sysconfigdata_*.py"), *top.rglob("Makefile"), *top.rglob("*.pc")]:
         if path.is_file() and not path.is_symlink():
             path.write_text(path.read_text().replace(str(base), "/install"))
+
+
+def _pbs_stable_abi_library(lib: Path) -> None:
+    """python-build-standalone's own step: lib/libpython3.so names its library through $ORIGIN."""
+    stable = lib / "libpython3.so"
+    if stable.is_file():
+        library = f"libpython{PYTHON_MINOR}.so.1.0"
+        command = [patchelf_bin(), "--replace-needed", library, f"$ORIGIN/../lib/{library}", str(stable)]
+        subprocess.run(command, check=True, capture_output=True)
 
 
 _SYSTEM_LIB_DIRS = (Path("/lib/x86_64-linux-gnu"), Path("/usr/lib/x86_64-linux-gnu"))
@@ -226,171 +246,6 @@ def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     shutil.copyfile(tarball, other)
     sums = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in sorted([tarball, other])]
     (fx.releases / "SHA256SUMS").write_text("\n".join(sums) + "\n")
-
-
-def _therock_wheels(fx: Fixture, libs: dict[str, Path]) -> None:
-    out = fx.root / "files"
-    v = ROCM_VERSION
-    py_tag = f"py3-none-{LINUX}"
-    rocm_sdk_main = (
-        "import sys, pathlib\n"
-        "def main():\n"
-        "    import _rocm_sdk_core\n"
-        "    root = pathlib.Path(_rocm_sdk_core.__file__).parent\n"
-        "    args = sys.argv[1:]\n"
-        "    if args[:1] == ['path']:\n"
-        "        sub = {'--root': '', '--bin': 'bin', '--cmake': 'lib/cmake'}[args[1]]\n"
-        "        print(root / sub if sub else root)\n"
-        f"    elif args[:1] == ['version']:\n        print('{v}')\n"
-        "    else:\n        sys.exit('usage: rocm-sdk path --root|--bin|--cmake | version | targets')\n"
-    )
-    requires = [f"rocm-sdk-core=={v}"]
-    requires += [f'rocm-sdk-libraries=={v}; extra == "libraries"', f'rocm-sdk-devel=={v}; extra == "devel"']
-    requires += [f'rocm-sdk-device-{isa}=={v}; extra == "device-{isa}"' for isa in ALL_ISAS]
-    wheels = [
-        make_wheel(
-            out,
-            "rocm",
-            v,
-            "py3-none-any",
-            {"rocm_sdk/__init__.py": b"", "rocm_sdk/__main__.py": rocm_sdk_main.encode()},
-            requires=tuple(requires),
-            entry_points={"console_scripts": {"rocm-sdk": "rocm_sdk.__main__:main"}},
-        ),
-        make_wheel(
-            out,
-            "rocm-sdk-core",
-            v,
-            py_tag,
-            {
-                "_rocm_sdk_core/__init__.py": b"",
-                "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
-                "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
-                "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
-                "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
-            },
-        ),
-        make_wheel(
-            out,
-            "rocm-sdk-libraries",
-            v,
-            py_tag,
-            {
-                "_rocm_sdk_libraries/__init__.py": b"",
-                "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"],
-            },
-            requires=(f"rocm-sdk-core=={v}",),
-        ),
-        make_wheel(
-            out,
-            "rocm-sdk-devel",
-            v,
-            py_tag,
-            {
-                "_rocm_sdk_devel/__init__.py": b"",
-                "_rocm_sdk_devel/include/hip/hip_runtime.h": b"/* fixture */\n",
-                "_rocm_sdk_devel/lib/cmake/hip/hip-config.cmake": b"# fixture\n",
-            },
-            requires=(f"rocm-sdk-core=={v}",),
-        ),
-    ]
-    for isa in ALL_ISAS:
-        wheels.append(
-            make_wheel(
-                out,
-                f"rocm-sdk-device-{isa}",
-                v,
-                py_tag,
-                {
-                    f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode(),
-                },
-                requires=(f"rocm-sdk-libraries=={v}",),
-            )
-        )
-        wheels.append(
-            make_wheel(
-                out,
-                f"amd-torch-device-{isa}",
-                TORCH_VERSION,
-                py_tag,
-                {
-                    f"torch/lib/.kpack/torch_hip_{isa}.kpack": f"torch device code {isa}\n".encode(),
-                },
-                requires=(f"torch=={TORCH_VERSION}",),
-            )
-        )
-    wheels.append(
-        make_wheel(
-            out,
-            "torch",
-            TORCH_VERSION,
-            f"{CP}-{CP}-{LINUX}",
-            {
-                "torch/__init__.py": f"from torch._C import _hip_check\n__version__ = '{TORCH_VERSION}'\n".encode(),
-                f"torch/{libs['torch_C'].name}": libs["torch_C"],
-                "torch/version.py": f"__version__ = '{TORCH_VERSION}'\nhip = '{v}'\ncuda = None\n".encode(),
-                "torch/lib/libc10.so": libs["c10"],
-                "torch/lib/libtorch_hip.so": libs["torch_hip"],
-            },
-            requires=(f"rocm[libraries]=={v}", f"triton=={TRITON_VERSION}", "filelock", "typing-extensions>=4.10"),
-        )
-    )
-    wheels.append(  # a prebuilt ROCm vLLM wheel, for channels in repackage mode
-        make_wheel(
-            out,
-            "vllm",
-            f"{VLLM_VERSION}+rocm{v}",
-            f"{CP}-{CP}-{LINUX}",
-            {"vllm/__init__.py": f"__version__ = '{VLLM_VERSION}+rocm{v}'\n".encode()},
-            requires=(f"torch=={TORCH_VERSION}", "fastapi>=0.115", "regex"),
-        )
-    )
-    wheels.append(
-        make_wheel(
-            out,
-            "triton",
-            TRITON_VERSION,
-            f"{CP}-{CP}-{LINUX}",
-            {
-                "triton/__init__.py": b"__version__ = '3.7.1'\n",
-                "triton/_C/libtriton.so": libs["triton"],
-            },
-        )
-    )
-    fx.files.update({w.name: w for w in wheels})
-
-
-def _pypi_wheels(fx: Fixture) -> None:
-    """vLLM's (fixture) dependency closure and torch's, as PyPI serves them."""
-    out = fx.root / "files"
-    pure = {
-        ("filelock", "3.20.0", ()),
-        ("typing-extensions", "4.15.0", ()),
-        ("pydantic", "2.12.4", ("typing-extensions>=4.14",)),
-        ("fastapi", "0.121.0", ("pydantic>=2.7",)),
-        ("sentencepiece", "0.2.1", ()),
-    }
-    wheels = [
-        make_wheel(
-            out,
-            name,
-            version,
-            "py3-none-any",
-            {f"{name.replace('-', '_')}/__init__.py": f"__version__ = '{version}'\n".encode()},
-            requires=requires,
-        )
-        for name, version, requires in sorted(pure)
-    ]
-    regex = {"regex/__init__.py": b"__version__ = '2025.11.3'\n"}
-    # Several wheels for one version: the lock must keep the one the bundle's platform installs.
-    for tag in (
-        f"{CP}-{CP}-manylinux_2_17_x86_64.manylinux2014_x86_64",
-        f"{CP}-{CP}-musllinux_1_2_x86_64",
-        f"{OTHER_CP}-{OTHER_CP}-manylinux_2_17_x86_64.manylinux2014_x86_64",
-        f"{CP}-{CP}-manylinux_2_31_aarch64",
-    ):
-        wheels.append(make_wheel(out, "regex", "2025.11.3", tag, regex))
-    fx.files.update({w.name: w for w in wheels})
 
 
 # What the fixture's vLLM source release is made of: vLLM 0.33.0's own lines where the patch series
@@ -508,9 +363,9 @@ def get_requires_for_build_wheel(config_settings=None):
 """
 
 
-def _fixture_vllm_sdist(fx: Fixture) -> None:
+def _fixture_vllm_sdist(files: Path) -> Path:
     top = f"vllm-{VLLM_VERSION}"
-    files = {
+    contents = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n".encode(),
         f"{top}/pyproject.toml": (
             b"[build-system]\nrequires = []\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
@@ -521,50 +376,73 @@ def _fixture_vllm_sdist(fx: Fixture) -> None:
         f"{top}/vllm/platforms/__init__.py": VLLM_PLATFORMS.encode(),
         f"{top}/vllm/platforms/rocm.py": VLLM_ROCM.encode(),
         f"{top}/vllm/entrypoints/__init__.py": b"",
+        f"{top}/vllm/entrypoints/cli/__init__.py": b"",
+        f"{top}/vllm/entrypoints/cli/main.py": VLLM_SERVER.encode(),
         f"{top}/vllm/entrypoints/openai/__init__.py": b"",
         f"{top}/vllm/entrypoints/openai/api_server.py": VLLM_SERVER.encode(),
-        f"{top}/requirements/common.txt": b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\n",
+        f"{top}/requirements/common.txt": (
+            b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\nnumpy\n"
+            b'llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64" or platform_machine == "aarch64"\n'
+        ),
         f"{top}/requirements/rocm.txt": (
             b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
-            b"torch==2.12.0\ntriton==3.7.1\n"
+            b"torch==2.12.0\ntriton==3.7.1\ngrpcio==1.78.0\nsetuptools>=78.1.1,<80.0.0\n"
+            b"mooncake-transfer-engine-rocm >= 0.3.13\ntorchao\n"
         ),
         f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.12.0\n",
     }
-    sdist = make_tarball(fx.root / "files" / f"{top}.tar.gz", files)
-    fx.files[sdist.name] = sdist
+    return make_tarball(files / f"{top}.tar.gz", contents)
+
+
+def _prebuilt_vllm(files: Path) -> Path:
+    """A prebuilt ROCm vLLM wheel on TheRock's index, for channels in repackage mode."""
+    version = f"{VLLM_VERSION}+rocm{ROCM_VERSION}"
+    contents = {"vllm/__init__.py": f"__version__ = '{version}'\n".encode()}
+    requires = (f"torch=={TORCH_VERSION}", "fastapi>=0.115", "regex")
+    return make_wheel(files, "vllm", version, f"{CP}-{CP}-linux_x86_64", contents, requires)
+
+
+def _project(filename: str) -> str:
+    name = filename.split("-")[0] if filename.endswith(".whl") else filename.rsplit("-", 1)[0]
+    return str(canonicalize_name(name))
 
 
 def write_index(fx: Fixture) -> None:
-    """PEP 503 pages for every project; PEP 691 JSON (sizes, upload times) for the PyPI-like ones."""
-    projects: dict[str, list[Path]] = {}
-    for filename, path in sorted(fx.files.items()):
-        name = filename.split("-")[0] if filename.endswith(".whl") else filename.rsplit("-", 1)[0]
-        projects.setdefault(canonicalize_name(name), []).append(path)
-    simple = fx.root / "simple"
-    shutil.rmtree(simple, ignore_errors=True)
-    for project, paths in sorted(projects.items()):
-        page = simple / project
-        page.mkdir(parents=True)
-        anchors, entries = [], []
-        for path in paths:
-            sha = hashlib.sha256(path.read_bytes()).hexdigest()
-            href = f"../../files/{path.name}#sha256={sha}"
-            anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
-            entries.append(
-                {
-                    "filename": path.name,
-                    "url": f"../../files/{path.name}",
-                    "hashes": {"sha256": sha},
-                    "size": path.stat().st_size,
-                    "upload-time": "2025-11-20T00:00:00Z",
-                }
-            )
-        (page / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "\n".join(anchors) + "\n</body></html>\n")
-        if project not in THEROCK_PROJECTS and not project.startswith(("rocm-sdk-device", "amd-torch-device")):
-            meta = {"meta": {"api-version": "1.1"}, "name": project, "files": entries, "versions": []}
-            (page / "index.json").write_text(json.dumps(meta))
-    links = "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects))
-    (simple / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
+    """Each index's pages: PEP 503 HTML everywhere (TheRock's without some hashes, as theirs are);
+    PEP 691 JSON with sizes and upload times on the PyPI-like one."""
+    for index, artifacts in fx.indexes.items():
+        base = fx.root / index
+        shutil.rmtree(base, ignore_errors=True)
+        projects: dict[str, list[Path]] = {}
+        for path in sorted(set(artifacts)):
+            projects.setdefault(_project(path.name), []).append(path)
+        depth = "../" * (len(Path(index).parts) + 1)
+        for project, paths in sorted(projects.items()):
+            page = base / project
+            page.mkdir(parents=True)
+            anchors, entries = [], []
+            for path in paths:
+                sha = hashlib.sha256(path.read_bytes()).hexdigest()
+                href = f"{depth}files/{path.name}"
+                if index == PYPI or not therock.hashless(path.name):
+                    href += f"#sha256={sha}"
+                anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
+                entries.append(
+                    {
+                        "filename": path.name,
+                        "url": f"{depth}files/{path.name}",
+                        "hashes": {"sha256": sha},
+                        "size": path.stat().st_size,
+                        "upload-time": "2025-11-20T00:00:00Z",
+                    }
+                )
+            body = "<!DOCTYPE html><html><body>\n" + "\n".join(anchors) + "\n</body></html>\n"
+            (page / "index.html").write_text(body)
+            if index == PYPI:
+                meta = {"meta": {"api-version": "1.1"}, "name": project, "files": entries, "versions": []}
+                (page / "index.json").write_text(json.dumps(meta))
+        links = "\n".join(f'<a href="{p}/">{p}</a><br/>' for p in sorted(projects))
+        (base / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
 
 
 def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
@@ -572,20 +450,22 @@ def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
     _python_tarball(fx, cache)
-    _therock_wheels(fx, libs)
-    _pypi_wheels(fx)
-    _fixture_vllm_sdist(fx)
+    files = root / "files"
+    fx.serve(THEROCK_MULTI_ARCH, [*therock.stream_artifacts(files, MULTI_ARCH, libs, CP), _prebuilt_vllm(files)])
+    fx.serve(THEROCK_NEXT, therock.stream_artifacts(files, NEXT, libs, CP))
+    fx.serve(PYPI, [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)])
     write_index(fx)
-    _flat_mirror(fx)
+    flat_mirror(fx)
     return fx
 
 
-def _flat_mirror(fx: Fixture) -> None:
+def flat_mirror(fx: Fixture) -> None:
     """``mirror/``: every release file and package file under its own name (what --mirror serves)."""
     mirror = fx.root / "mirror"
-    mirror.mkdir(exist_ok=True)
-    for path in [*fx.releases.iterdir(), *fx.files.values()]:
-        (mirror / path.name).unlink(missing_ok=True)
+    shutil.rmtree(mirror, ignore_errors=True)
+    mirror.mkdir()
+    release_files = [path for path in fx.releases.iterdir() if path.is_file()]  # not published releases
+    for path in [*release_files, *fx.files.values()]:
         (mirror / path.name).hardlink_to(path)
 
 

@@ -115,16 +115,20 @@ def compile_shared(
     rpath: str | None = None,
     executable: bool = False,
     python_headers: str | None = None,
+    system_libraries: tuple[str, ...] = (),
 ) -> Path:
-    """Compile a real ELF shared library (or executable) with DT_NEEDED entries on ``needed``."""
+    """Compile a real ELF shared library (or executable) with DT_NEEDED entries on ``needed`` (files) and
+    ``system_libraries`` (sonames of this machine's libraries, e.g. ``libz.so.1``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.with_suffix(out.suffix + ".c")
     src.write_text(source)
     command = ["gcc", "-O1", "-o", str(out), str(src)]
     command += [] if executable else ["-shared", "-fPIC"] + ([f"-Wl,-soname,{soname}"] if soname else [])
     command += [f"-I{python_headers}"] if python_headers else []
+    command.append("-Wl,--no-as-needed")  # keep every DT_NEEDED asked for, used or not (as real wheels have)
     for lib in needed:
         command += [f"-L{lib.parent}", f"-l:{lib.name}"]
+    command += [f"-l:{soname}" for soname in system_libraries]
     if rpath:
         command.append(f"-Wl,-rpath,{rpath}")
     command.append("-Wl,--build-id=none")

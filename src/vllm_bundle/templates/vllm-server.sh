@@ -29,13 +29,13 @@ export FLASH_ATTENTION_TRITON_AMD_ENABLE
 CC="@CC@"
 export CC
 
-# Triton attention unless the caller chose a backend.
+# Triton attention unless the caller chose a backend (--attention-backend, or --attention-config / -ac).
 attention_mode=@ATTENTION_MODE@
 if [ "$attention_mode" = flag ]; then
     chosen=no
     for arg in "$@"; do
         case $arg in
-            @ATTENTION_FLAG@|@ATTENTION_FLAG@=*) chosen=yes ;;
+            @ATTENTION_FLAG@|@ATTENTION_FLAG@=*|@CALLER_CHOICE@) chosen=yes ;;
         esac
     done
     if [ "$chosen" = no ]; then
@@ -47,4 +47,4 @@ else
 fi
 
 # -P: the current directory is not put on sys.path (a stray vllm/ there must not shadow the bundle's).
-exec "$root/bin/python@PYTHON_MINOR@" -P -m @SERVER_MODULE@ "$@"
+exec "$root/bin/python@PYTHON_MINOR@" -P @SERVER_COMMAND@ "$@"

@@ -1,0 +1,278 @@
+"""UPSTREAM-FACTS.md as tests: the fake upstream has each property of the real one that the pipeline
+depends on, and the lock, the build and tier 0 handle each (the real vLLM facts are read from its
+source release on PyPI)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import parse_wheel_filename
+
+from tests.conftest import REPO, VllmSdists, assert_one_line_error, run_cli
+from tests.upstream.fixture import (
+    PYPI,
+    PYTHON_MINOR,
+    ROCM_VERSION,
+    THEROCK_MULTI_ARCH,
+    THEROCK_NEXT,
+    TORCH_VERSION,
+    Fixture,
+)
+from tests.upstream.server import UpstreamServer
+from vllm_bundle.elf import dynamic_info
+from vllm_bundle.fetch import sha256_of
+from vllm_bundle.recipes import load_recipes
+
+SITE = f"lib/python{PYTHON_MINOR}/site-packages"
+
+
+def _project_files(fixture: Fixture, index: str, project: str) -> list[Path]:
+    return [p for p in fixture.indexes[index] if re.sub(r"[-_.]+", "-", p.name.split("-")[0]).lower() == project]
+
+
+def _metadata(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return archive.read(name).decode()
+
+
+def _pylock(recipes: Path, target: str = "gfx1151", channel: str = "stable") -> dict[str, Any]:
+    with (recipes / "locks" / channel / f"pylock.{target}.toml").open("rb") as handle:
+        return tomllib.load(handle)
+
+
+def _package(pylock: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in pylock["packages"] if p["name"] == name)
+
+
+def _lock(upstream: UpstreamServer, recipes: Path, target: str, cache: Path, *extra: str, index: str = ""):  # type: ignore[no-untyped-def]
+    return run_cli(
+        *("lock", target, "--recipes", recipes, "--cache-dir", cache, "--plain"),
+        *(
+            "--therock-index",
+            f"{upstream.url}/{index or THEROCK_MULTI_ARCH}/",
+            "--pypi-index",
+            f"{upstream.url}/{PYPI}/",
+        ),
+        *("--mirror", f"{upstream.url}/releases/", *extra),
+    )
+
+
+# -- 1. `rocm` is an sdist only; torch requires rocm[libraries] ----------------------------------------------
+
+
+def test_rocm_is_published_as_an_sdist_only_and_torch_requires_it(fixture_tree: Fixture) -> None:
+    for index in (THEROCK_MULTI_ARCH, THEROCK_NEXT):
+        rocm = _project_files(fixture_tree, index, "rocm")
+        assert rocm and all(p.name.endswith(".tar.gz") for p in rocm), index
+    (torch,) = _project_files(fixture_tree, THEROCK_MULTI_ARCH, "torch")
+    assert f"Requires-Dist: rocm[libraries]=={ROCM_VERSION}" in _metadata(torch)
+
+
+def test_the_lock_takes_the_sdk_by_its_wheels_and_pins_the_rocm_sdist(locked: Path, fixture_tree: Fixture) -> None:
+    names = {p["name"] for p in _pylock(locked)["packages"]}
+    assert "rocm" not in names and {"rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel"} <= names
+    lock = tomllib.loads((locked / "locks" / "stable" / "gfx1151.toml").read_text())
+    (rocm,) = [a for a in lock["artifacts"] if a["role"] == "rocm-sdist"]
+    assert rocm["filename"] == f"rocm-{ROCM_VERSION}.tar.gz"
+    assert rocm["sha256"] == fixture_tree.sha256(rocm["filename"]), "hashed from its bytes (its page has none)"
+    assert lock["versions"]["rocm"] == _package(_pylock(locked), "rocm-sdk-core")["version"]
+
+
+def test_the_bundle_builds_rocm_sdk_from_the_sdist(built: Path) -> None:
+    site = built / "gfx1151" / "root" / SITE
+    assert (site / "rocm_sdk" / "__init__.py").is_file() and list(site.glob("rocm-*.dist-info"))
+    assert (built / "gfx1151" / "root" / "bin" / "rocm-sdk").is_file()
+    report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
+    smoke = next(c for c in report["checks"] if c["name"] == "relocated-smoke")
+    assert smoke["passed"], "torch imports rocm_sdk at start-up: the bundle runs only with it"
+
+
+# -- 2. the closure needs manylinux_2_35 ---------------------------------------------------------------------
+
+
+def test_the_closure_has_wheels_only_for_newer_manylinux(fixture_tree: Fixture) -> None:
+    def platforms(project: str) -> set[str]:
+        return {
+            t.platform for p in _project_files(fixture_tree, PYPI, project) for t in parse_wheel_filename(p.name)[3]
+        }
+
+    assert platforms("llguidance") == {"manylinux_2_31_x86_64"}
+    assert platforms("mooncake-transfer-engine-rocm") == {"manylinux_2_35_x86_64"}
+    assert load_recipes(REPO / "recipes").python.platform == "x86_64-manylinux_2_35"
+
+
+def test_a_platform_too_old_for_the_closure_names_the_package(
+    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    components = recipes_dir / "components.toml"
+    components.write_text(components.read_text().replace("manylinux_2_35", "manylinux_2_28"))
+    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
+    assert_one_line_error(  # uv stops at the first such package of the closure (mooncake needs 2_35 too)
+        result, "llguidance 1.7.3 has wheels only for manylinux_2_31_x86_64, none for x86_64-manylinux_2_28", "platform"
+    )
+
+
+# -- 3. TheRock's index mirrors PyPI packages: they still come from PyPI ------------------------------------
+
+
+def test_overlapping_names_come_from_pypi_and_therocks_own_from_therock(
+    locked: Path, fixture_tree: Fixture, upstream: UpstreamServer
+) -> None:
+    for project in ("numpy", "setuptools", "filelock"):
+        assert _project_files(fixture_tree, THEROCK_MULTI_ARCH, project) and _project_files(fixture_tree, PYPI, project)
+    pylock = _pylock(locked)
+    assert _package(pylock, "numpy")["version"] == "2.3.5", "TheRock's mirror has 2.9.0"
+    assert _package(pylock, "setuptools")["version"] == "79.0.0", "vLLM needs setuptools<80 (TheRock mirrors 81)"
+    assert _package(pylock, "torch")["version"] == TORCH_VERSION, "TheRock's own packages from TheRock"
+
+
+# -- 4. hashes may be absent from TheRock's pages ----------------------------------------------------------
+
+
+def test_pages_without_hashes_still_give_verified_pins(
+    fixture_tree: Fixture, recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    page = (fixture_tree.root / THEROCK_MULTI_ARCH / "rocm-sdk-libraries" / "index.html").read_text()
+    assert "#sha256=" not in page, "premise: this page publishes no hash"
+    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"lock   hashed \d+ files the indexes published no sha256 for \([\d.]+ \w+ downloaded\)", result.stderr
+    )
+    wheel = _package(_pylock(recipes_dir), "rocm-sdk-libraries")["wheels"][0]
+    served = fixture_tree.files[wheel["url"].rsplit("/", 1)[-1]]
+    assert wheel["hashes"]["sha256"] == sha256_of(served) and wheel["size"] == served.stat().st_size
+
+
+# -- 5. device code: per ISA on whl-multi-arch, per sub-family for torch on whl-next --------------------------
+
+
+def test_whl_next_device_code_is_locked_by_rocm_bootstraps_chain(
+    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    components = recipes_dir / "components.toml"
+    components.write_text(components.read_text().replace('torch = "<2.13"', 'torch = "<2.14"'))  # a newer vLLM
+    for target, torch_device, sdk_devices in (
+        ("gfx1151", {"amd-torch-device-gfx115x"}, {"rocm-sdk-device-gfx1151"}),
+        ("gfx110X", {"amd-torch-device-gfx110x"}, {f"rocm-sdk-device-gfx110{n}" for n in range(4)}),
+    ):
+        result = _lock(
+            upstream, recipes_dir, target, tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT
+        )
+        assert result.returncode == 0, result.stderr
+        names = {p["name"] for p in _pylock(recipes_dir, target, "stable-next")["packages"]}
+        assert {n for n in names if n.startswith("amd-torch-device")} == torch_device
+        assert {n for n in names if n.startswith("rocm-sdk-device")} == sdk_devices
+        assert _package(_pylock(recipes_dir, target, "stable-next"), "torch")["version"] == "2.13.0+rocm10.0.0"
+
+
+def test_torch_is_bounded_by_what_the_vllm_version_supports(
+    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """vLLM 0.33.0 supports torch < 2.13; the whl-next stream has only 2.13: the lock refuses in one line."""
+    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT)
+    assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable-next")
+    assert "torch" in result.stderr
+
+
+def test_a_frozen_per_family_index_that_does_not_exist_is_one_line(
+    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    result = run_cli(
+        *(
+            "lock",
+            "gfx1150",
+            "--recipes",
+            recipes_dir,
+            "--cache-dir",
+            tmp_path / "cache",
+            "--channel",
+            "nightly-legacy",
+        ),
+        *("--therock-index", f"{upstream.url}/therock/v2/{{family}}/", "--pypi-index", f"{upstream.url}/{PYPI}/"),
+        *("--mirror", f"{upstream.url}/releases/"),
+    )
+    assert_one_line_error(result, "TheRock has no per-family index for gfx1150", "frozen", "--channel stable")
+
+
+# -- 6. tier 0 on real inputs ------------------------------------------------------------------------------
+
+
+def test_libpython3_so_names_its_library_through_origin_and_passes(built: Path) -> None:
+    info = dynamic_info(built / "gfx1151" / "root" / "lib" / "libpython3.so")
+    assert info is not None and f"$ORIGIN/../lib/libpython{PYTHON_MINOR}.so.1.0" in info.needed
+    report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
+    closure = next(c for c in report["checks"] if c["name"] == "elf-closure")
+    assert closure["passed"], closure["problems"]
+    assert "optional for mooncake-transfer-engine-rocm" in closure["summary"]
+
+
+def test_wheel_libraries_host_and_absolute_runpaths(built: Path) -> None:
+    site = built / "gfx1151" / "root" / SITE
+    grpc = dynamic_info(site / "grpc" / "_cython" / "cygrpc.so")
+    assert grpc is not None and "libz.so.1" in grpc.needed, "allowed by the manylinux policy (auditwheel's data)"
+    mooncake = dynamic_info(site / "mooncake" / "engine.so")
+    assert mooncake is not None and not any(e.startswith("/") for e in (*mooncake.rpath, *mooncake.runpath)), (
+        "an absolute RUNPATH into a host's ROCm is dropped"
+    )
+
+
+def test_an_unresolved_library_is_named_by_its_package(built: Path, locked: Path, tmp_path: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    rules = recipes / "qualify.toml"
+    rules.write_text("\n".join(ln for ln in rules.read_text().splitlines() if not ln.startswith('"mooncake')) + "\n")
+    result = run_cli("qualify", built / "gfx1151" / "root", "--recipes", recipes, "--report", tmp_path / "r.json")
+    assert_one_line_error(result, "elf-closure", "mooncake-transfer-engine-rocm: ", "engine.so needs libibverbs.so.1")
+
+
+# -- 8. the CPython pin is one python-build-standalone publishes ----------------------------------------------
+
+
+def test_the_cpython_recipe_is_in_pbs_installers_table() -> None:
+    from importlib import resources
+
+    table = json.loads(resources.files("pbs_installer").joinpath("versions.json").read_text())
+    published = {f["filename"]: f for entry in table for f in entry["files"]}
+    python = load_recipes(REPO / "recipes").python
+    assert python.asset in published, f"{python.asset} is not a build python-build-standalone published"
+    for lock in (REPO / "recipes" / "locks").glob("*/*.toml") if (REPO / "recipes" / "locks").is_dir() else ():
+        if lock.name.startswith("pylock."):
+            continue
+        pinned = next(a for a in tomllib.loads(lock.read_text())["artifacts"] if a["role"] == "python")
+        assert pinned["sha256"] == published[pinned["filename"]]["sha256"], lock
+
+
+# -- the real vLLM 0.33.0 source release, as UPSTREAM-FACTS.md describes it ----------------------------------
+
+
+def test_vllm_0_33_source_release_facts(vllm_sdist: VllmSdists) -> None:
+    wanted = {
+        "requirements/rocm.txt",
+        "requirements/build/rock.txt",
+        "CMakeLists.txt",
+        "vllm/entrypoints/openai/api_server.py",
+        "vllm/platforms/__init__.py",
+    }
+    texts: dict[str, str] = {}
+    with tarfile.open(vllm_sdist("0.33.0")) as archive:
+        for member in archive:
+            name = member.name.removeprefix("vllm-0.33.0/")
+            if name in wanted:
+                texts[name] = archive.extractfile(member).read().decode()  # type: ignore[union-attr]
+    rocm = [ln.split("#")[0].strip() for ln in texts["requirements/rocm.txt"].splitlines()]
+    assert not any(ln.startswith(("torch", "triton")) for ln in rocm), "no torch/triton lines"
+    assert "torch==2.12.0+rocm7.14.0" in texts["requirements/build/rock.txt"]
+    archs = re.search(r'set\(HIP_SUPPORTED_ARCHS "([^"]*)"\)', texts["CMakeLists.txt"])
+    assert archs and {"gfx1150", "gfx1151", "gfx1152", "gfx1153"} <= set(archs.group(1).split(";"))
+    assert "command is deprecated" in texts["vllm/entrypoints/openai/api_server.py"]
+    assert "if not is_rocm and in_wsl():" in texts["vllm/platforms/__init__.py"]
+    assert TORCH_VERSION.startswith("2.12.0+rocm"), "the fixture's stable torch matches"

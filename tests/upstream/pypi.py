@@ -1,0 +1,99 @@
+"""PyPI-shaped artifacts: vLLM's (fixture) dependency closure, with what the real one holds that matters to
+the pipeline (UPSTREAM-FACTS.md):
+
+- llguidance 1.7 ships only manylinux_2_31 wheels, mooncake-transfer-engine-rocm only manylinux_2_35:
+  the closure needs the x86_64-manylinux_2_35 platform;
+- mooncake's extension needs libraries the bundle never carries (libibverbs, libnuma, libcurl) and has
+  an absolute RUNPATH (/opt/rocm-7.0.0/lib); torchao carries a CUDA extension needing libtorch_cuda.so;
+  grpcio's extension needs libz.so.1, which the manylinux policy allows;
+- setuptools exists in versions vLLM cannot take (81.0.0 on TheRock's mirror, 80.9.0 here) and one it
+  can (79.0.0); regex in several platform variants, of which the lock keeps one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .packaging_fixtures import compile_shared, make_wheel
+
+OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pick
+MANYLINUX_2_17 = "manylinux_2_17_x86_64.manylinux2014_x86_64"
+PURE = (
+    ("filelock", "3.20.0", ()),
+    ("typing-extensions", "4.15.0", ()),
+    ("pydantic", "2.12.4", ("typing-extensions>=4.14",)),
+    ("fastapi", "0.121.0", ("pydantic>=2.7",)),
+    ("sentencepiece", "0.2.1", ()),
+    ("setuptools", "79.0.0", ()),
+    ("setuptools", "80.9.0", ()),
+)
+
+
+def _native_libraries(work: Path) -> dict[str, Path]:
+    """ELF files with the dependencies real wheels have: on libraries the bundle lacks, on libz."""
+    stubs = {
+        name: compile_shared(work / name, name, f"int {stem}_stub(void) {{ return 0; }}\n")
+        for name, stem in (
+            ("libibverbs.so.1", "ibverbs"),
+            ("libnuma.so.1", "numa"),
+            ("libcurl.so.4", "curl"),
+            ("libtorch_cuda.so", "torch_cuda"),
+        )
+    }
+    return {
+        "mooncake": compile_shared(
+            work / "mooncake_engine.so",
+            "",
+            "int mooncake(void) { return 1; }\n",
+            needed=(stubs["libibverbs.so.1"], stubs["libnuma.so.1"], stubs["libcurl.so.4"]),
+            rpath="/opt/rocm-7.0.0/lib",
+        ),
+        "torchao": compile_shared(
+            work / "torchao_cuda.so", "", "int torchao(void) { return 1; }\n", needed=(stubs["libtorch_cuda.so"],)
+        ),
+        "grpc": compile_shared(
+            work / "cygrpc.so", "", "int cygrpc(void) { return 1; }\n", system_libraries=("libz.so.1",)
+        ),
+    }
+
+
+def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
+    native = _native_libraries(work)
+    wheels = [
+        make_wheel(files, name, version, "py3-none-any", {f"{name.replace('-', '_')}/__init__.py": b""}, requires)
+        for name, version, requires in PURE
+    ]
+    regex = {"regex/__init__.py": b"__version__ = '2025.11.3'\n"}
+    for tag in (  # several wheels for one version: the lock keeps the one the bundle's platform installs
+        f"{cp}-{cp}-{MANYLINUX_2_17}",
+        f"{cp}-{cp}-musllinux_1_2_x86_64",
+        f"{OTHER_CP}-{OTHER_CP}-{MANYLINUX_2_17}",
+        f"{cp}-{cp}-manylinux_2_31_aarch64",
+    ):
+        wheels.append(make_wheel(files, "regex", "2025.11.3", tag, regex))
+    wheels += [
+        make_wheel(files, "numpy", "2.3.5", f"{cp}-{cp}-{MANYLINUX_2_17}", {"numpy/__init__.py": b""}),
+        make_wheel(files, "llguidance", "1.7.3", "cp39-abi3-manylinux_2_31_x86_64", {"llguidance/__init__.py": b""}),
+        make_wheel(
+            files,
+            "mooncake-transfer-engine-rocm",
+            "0.3.13",
+            f"{cp}-{cp}-manylinux_2_35_x86_64",
+            {"mooncake/__init__.py": b"", "mooncake/engine.so": native["mooncake"]},
+        ),
+        make_wheel(
+            files,
+            "torchao",
+            "0.14.0",
+            "cp39-abi3-manylinux_2_28_x86_64",
+            {"torchao/__init__.py": b"", "torchao/_C_cuda.abi3.so": native["torchao"]},
+        ),
+        make_wheel(
+            files,
+            "grpcio",
+            "1.78.0",
+            f"{cp}-{cp}-{MANYLINUX_2_17}",
+            {"grpc/__init__.py": b"", "grpc/_cython/cygrpc.so": native["grpc"]},
+        ),
+    ]
+    return wheels
