@@ -379,3 +379,22 @@ def test_retry_lines_say_why_in_words(upstream: UpstreamServer, blob: Path, tmp_
     (retry,) = [line for line in log.getvalue().splitlines() if line.startswith("retry")]
     assert "connection broken after 65536 of" in retry, retry
     assert "(" not in retry.split(":", 1)[1].split(";")[0], f"no tuple or object repr: {retry}"
+
+
+def test_a_full_disk_anywhere_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Beyond the places that name what filled up (downloads, extraction, stages), any write a verb makes
+    on a full disk (a lock file, a measured wheel) still ends in one line and a non-zero exit."""
+    import errno
+
+    from vllm_bundle import cli
+
+    def full(_: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "locks" / "gfx1151.toml"))
+
+    monkeypatch.setattr(cli, "cmd_lock", full)
+    assert cli.main(["lock", "gfx1151"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: no space left on device writing ") and "free space" in err

@@ -76,20 +76,22 @@ def matrix(vllm_sdist: VllmSdists, build_python: Path, tmp_path_factory: pytest.
     sdists = vllm_sdist.many(SUPPORTED)
     with ThreadPoolExecutor(max_workers=4) as pool:  # gzip decompression releases the GIL
         releases = dict(zip(SUPPORTED, pool.map(lambda v: _prepare(v, sdists[v], work), SUPPORTED), strict=True))
-    trees = [str(r.tree) for r in releases.values() if not r.error]
+    for result in _probe(build_python, [r.tree for r in releases.values() if not r.error], timeout=600):
+        releases[Path(result["tree"]).parent.name].probe = result
+    return releases
+
+
+def _probe(build_python: Path, trees: list[Path], timeout: int) -> list[dict[str, Any]]:
+    """amdsmi_probe.py's answers (one JSON object per tree), run by the build venv's python."""
     probe = subprocess.run(
-        [str(build_python), str(Path(__file__).with_name("amdsmi_probe.py")), *trees],
+        [str(build_python), str(Path(__file__).with_name("amdsmi_probe.py")), *map(str, trees)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert probe.returncode == 0, probe.stderr
-    for line in probe.stdout.splitlines():
-        result = json.loads(line)
-        version = Path(result["tree"]).parent.name
-        releases[version].probe = result
-    return releases
+    return [json.loads(line) for line in probe.stdout.splitlines()]
 
 
 def _archs(tree: Path) -> set[str]:
@@ -142,16 +144,10 @@ def test_every_former_amdsmi_call_answers(matrix: dict[str, Release], version: s
 
 def test_the_probe_fails_on_unpatched_releases(build_python: Path, matrix: dict[str, Release]) -> None:
     """The probe is not a check that cannot fail: on the pristine sources it sees the defects."""
-    pristine = [str(matrix[v].pristine) for v in ("0.10.2", "0.33.0")]
-    probe = subprocess.run(
-        [str(build_python), str(Path(__file__).with_name("amdsmi_probe.py")), *pristine],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    for line in probe.stdout.splitlines():
-        result = json.loads(line)
+    pristine = [matrix[v].pristine for v in ("0.10.2", "0.33.0")]
+    results = _probe(build_python, pristine, timeout=300)
+    assert len(results) == len(pristine)
+    for result in results:
         assert "NameError" in result["missing"]["get_device_name"]
         assert "AmdSmiException" in result["raising"]["is_fully_connected"]
         assert result["missing"]["rocm_platform_plugin"] is None

@@ -262,6 +262,14 @@ def test_targets_on_another_release_line_become_lemonade_overrides(assets: Path,
     assert pinned_tag(merged, "gfx1151") == TAG
 
 
+def test_a_tag_without_its_target_is_refused_in_one_line(tmp_path: Path) -> None:
+    doc = {"vllm": {"rocm": "v1"}, "checksums": {"github": {TEST_REPO: {"v1": {"a": "sha256:0"}}}}}
+    (tmp_path / "hand-made.json").write_text(json.dumps(doc))
+    bad = run_cli("merge-manifests", tmp_path / "hand-made.json", "-o", tmp_path / "merged.json")
+    assert_one_line_error(bad, "tag 'v1' does not end in -<target>")
+    assert not (tmp_path / "merged.json").exists()
+
+
 def test_bundle_without_a_repository_says_how_to_set_one_before_any_stage(
     locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

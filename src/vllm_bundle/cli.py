@@ -7,6 +7,7 @@ exit; only bugs in this tool show a traceback.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import sys
@@ -676,6 +677,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BundleError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        # Downloads, extraction and stages name what filled up; this catches every other write.
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(f"error: no space left on device{where} (free space and run again)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         # Every cleanup of ours ran while the interrupt unwound this thread. Exit now rather than wait
         # for download threads blocked in a socket read: their partial files are kept for a resume.

@@ -102,7 +102,9 @@ def _target_pins(doc: Mapping[str, Any]) -> dict[str, str]:
     targets = {}
     for tags in doc.get("checksums", {}).get("github", {}).values():
         for tag in tags:
-            pin, target = tag.rsplit("-", 1)
+            pin, dash, target = tag.rpartition("-")
+            if not dash:
+                raise ManifestError(f"tag {tag!r} does not end in -<target>", "merge only release-stage files")
             if pin not in (pins.get(target), pins[""]):
                 raise ManifestError(
                     f"a file pins {pins['']!r} but checksums {tag!r}", "merge only files written by the release stage"

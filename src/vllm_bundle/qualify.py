@@ -90,8 +90,7 @@ def manylinux_libraries(platform: str) -> frozenset[str]:
     policies = json.loads(resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text())
     for policy in policies:
         if tag == policy["name"] or tag in policy.get("aliases", []):
-            allowed = policy["lib_whitelist"]
-            return frozenset(allowed if isinstance(allowed, list) else next(iter(allowed.values())))
+            return frozenset(policy["lib_whitelist"])
     raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}")
 
 
