@@ -122,7 +122,7 @@ class PartWriter:
             part.path.unlink(missing_ok=True)
 
 
-def _entries(root: Path) -> Iterator[tuple[str, Path]]:
+def tree_entries(root: Path) -> Iterator[tuple[str, Path]]:
     """``(archive name, path)`` for the root and everything under it, sorted by archive name."""
     names = [("./", root)]
     for dirpath, dirs, files in os.walk(root):
@@ -132,7 +132,7 @@ def _entries(root: Path) -> Iterator[tuple[str, Path]]:
     yield from sorted(names, key=lambda item: item[0])
 
 
-def _tarinfo(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+def tar_entry(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
     stat = path.lstat()
     info = tarfile.TarInfo(name.rstrip("/") if name != "./" else ".")
     info.mtime, info.uid, info.gid, info.uname, info.gname = source_date, 0, 0, "", ""
@@ -163,7 +163,7 @@ def _tarinfo(name: str, path: Path, root: Path, source_date: int, seen: dict[tup
 
 
 @contextmanager
-def _interrupt_between_reads() -> Iterator[threading.Event]:
+def interrupt_between_reads() -> Iterator[threading.Event]:
     """Ctrl-C sets a flag instead of raising wherever the main thread is: interrupted inside zlib-ng's
     threaded writer, closing it deadlocks. The archive loop raises KeyboardInterrupt at its next read
     of a source file, where the writer is idle, and the parts written so far are discarded."""
@@ -178,7 +178,7 @@ def _interrupt_between_reads() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
-class _InterruptibleReader:
+class InterruptibleReader:
     """A source file for tarfile that raises KeyboardInterrupt at a read once Ctrl-C was pressed."""
 
     def __init__(self, handle: BinaryIO, interrupted: threading.Event) -> None:
@@ -205,17 +205,17 @@ def write_archive(
     seen: dict[tuple[int, int], str] = {}
     try:
         with (
-            _interrupt_between_reads() as interrupted,
+            interrupt_between_reads() as interrupted,
             gzip_ng_threaded.open(writer, "wb", compresslevel=level, threads=COMPRESSION_WORKERS) as gz,  # type: ignore[no-untyped-call]
             tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
         ):
-            for name, path in _entries(root):
+            for name, path in tree_entries(root):
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                info = _tarinfo(name, path, root, source_date, seen)
+                info = tar_entry(name, path, root, source_date, seen)
                 if info.isreg():
                     with path.open("rb") as handle:
-                        tar.addfile(info, _InterruptibleReader(handle, interrupted))
+                        tar.addfile(info, InterruptibleReader(handle, interrupted))
                 else:
                     tar.addfile(info)
         parts = writer.finish()

@@ -1,6 +1,7 @@
 """``bundle``: the whole pipeline for one target, stage by stage (DESIGN.md's flow).
 
-    lock (checked) -> fetch -> python -> site -> vllm-src -> vllm-wheel -> app -> root
+    lock (checked) -> fetch -> python -> site -> vllm-src -> vllm-wheel -> app -> root -> qualify
+    -> release -> image (with --image)
 
 Each stage is cached under build/<target>/ by the hash of its declared inputs; an unchanged stage
 is skipped and a changed input redoes only the stages that depend on it. ``--force STAGE`` redoes one.
@@ -18,16 +19,18 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.assemble import Layout, app_stage, root_stage, site_stage
 from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.launcher import template_text
 from vllm_bundle.locker import check_lock
 from vllm_bundle.lockfile import Lock, read_lock, wheel_artifacts
-from vllm_bundle.manifests import check_repo, sha256_file
+from vllm_bundle.manifests import check_repo, release_tag, sha256_file
+from vllm_bundle.oci import BaseImage
 from vllm_bundle.progress import human_size
 from vllm_bundle.prune import load_prune_rules
 from vllm_bundle.python_stage import python_stage
 from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Recipes
-from vllm_bundle.release import ReleaseOptions, release_stage
+from vllm_bundle.release import ReleaseOptions, release_stage, source_date
 from vllm_bundle.stage import StageResult, check_stage_names, stage_key
 from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
@@ -43,10 +46,21 @@ class BundleRun:
     downloaded: int = 0
     release_dir: Path | None = None
     report: Path | None = None
+    image_dir: Path | None = None
+    tag: str = ""
 
     @property
     def root(self) -> Path:
         return self.build_dir / "root"
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """``--image``: the image recipe, its base (fetched) and the checkout's commit for the labels."""
+
+    recipe: ImageRecipe
+    base: BaseImage
+    revision: str
 
 
 def tree_size(path: Path) -> int:
@@ -83,8 +97,10 @@ def build_bundle(
     release: ReleaseOptions | None = None,
     bundles_dir: Path = Path("bundles"),
     warn_only: bool = False,
+    image: ImageOptions | None = None,
 ) -> BundleRun:
-    """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive)."""
+    """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive);
+    ``image`` (which needs ``release``) adds the OCI image stage."""
     check_stage_names(force)
     target, channel = recipes.target(target_name), recipes.channel(channel_name)
     check_lock(recipes, target, channel, locks_dir)
@@ -178,6 +194,24 @@ def build_bundle(
             )
         )
         run.release_dir = result.path
+        run.tag = str(result.details["tag"])
+        if image is not None:
+            begin("image")
+            vllm_version = str(parse_wheel_filename(wheel_name)[1])
+            spec = image_spec(
+                image.recipe,
+                tag=release_tag(vllm_version, lock.versions["rocm"], target.name),
+                target=target.name,
+                isas=target.isas,
+                versions={**lock.versions, "vllm": vllm_version},
+                repo=release.repo,
+                source_date=source_date(lock, release.source_date),
+                base=image.base,
+                revision=image.revision,
+            )
+            layers = image.recipe.layers
+            built = step(image_stage(root, image.base, spec, layers, release.level, base / "image", "image" in force))
+            run.image_dir = built.path
     return run
 
 

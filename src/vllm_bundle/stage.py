@@ -28,13 +28,16 @@ from vllm_bundle.fsutil import atomic_write
 
 #: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
 STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
+#: Stages that run only when asked for (``bundle --image``), after the others.
+OPTIONAL_STAGES = ("image",)
 
 
 def check_stage_names(names: Iterable[str]) -> None:
     """``--force`` names only stages that exist."""
-    unknown = sorted(set(names) - set(STAGES))
+    known = (*STAGES, *OPTIONAL_STAGES)
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise RecipeError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(STAGES)}")
+        raise RecipeError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(known)}")
 
 
 @dataclass(frozen=True)

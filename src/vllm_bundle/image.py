@@ -1,0 +1,333 @@
+"""The ``image`` stage: the bundle tree as an OCI image on a locked base, and its KServe manifests.
+
+recipes/image.toml     the base reference, where the bundle goes, its environment, the layer rules
+locks/image-base.json  the base resolved by the lock step: manifest digest, config and layer blobs
+build/<target>/image/  oci/ (the image layout), image.json (tag, digest, layers), kserve/ (manifests)
+
+The base is pinned like every other input: the lock names its manifest and blob digests; a build
+downloads those blobs into the verified cache (or finds them there) and never asks for a tag.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from vllm_bundle.archive import archiver
+from vllm_bundle.cache import Cache
+from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError
+from vllm_bundle.fsutil import atomic_write
+from vllm_bundle.manifests import dump_json, read_json
+from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, write_image
+from vllm_bundle.paths import default_recipes
+from vllm_bundle.recipes import AttentionRule, Table, read_toml
+from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirrored, platform_manifest
+from vllm_bundle.stage import StageResult, run_stage
+from vllm_bundle.transport import RetryPolicy
+
+STAGE_VERSION = 1
+RECIPE = "image.toml"
+BASE_LOCK = "image-base.json"
+LAYOUT = "oci"
+IMAGE_JSON = "image.json"
+KSERVE_TEMPLATES = ("servingruntime.yaml", "inferenceservice.yaml")
+KSERVE_PORT = 8080  # KServe's convention for a runtime's HTTP port
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    base: Reference
+    platform: Mapping[str, str]
+    prefix: str
+    port: int
+    env: Mapping[str, str]
+    layers: tuple[LayerRule, ...]
+    repository: str  # where releases push, "{repo}" standing for the GitHub owner/name
+
+    @property
+    def launcher(self) -> str:
+        return f"{self.prefix}/bin/vllm-server"
+
+
+def load_image_recipe(recipes_root: Path) -> ImageRecipe:
+    path = recipes_root / RECIPE
+    doc = Table(read_toml(path), RECIPE)
+    base, image = doc.table("base"), doc.table("image")
+    try:
+        reference = Reference.parse(base.text("reference"))
+    except RegistryError as err:
+        raise RecipeError(f"{RECIPE}: base.reference: {err.message}", "fix the recipe") from None
+    platform = base.table("platform")
+    prefix = image.text("prefix")
+    if not prefix.startswith("/") or prefix.rstrip("/") in ("", "/") or ".." in prefix.split("/"):
+        raise image.fail("prefix", "an absolute directory other than / (e.g. /opt/vllm)")
+    env = image.table("env")
+    rules = [LayerRule(name, tuple(layer.strings("paths", ()))) for name, layer in _layers(doc)]
+    if not rules or rules[-1].patterns:
+        raise RecipeError(f"{RECIPE}: the last [[layer]] must have no paths (it takes the rest of the tree)")
+    return ImageRecipe(
+        base=reference,
+        platform={"architecture": platform.text("architecture"), "os": platform.text("os")},
+        prefix=prefix.rstrip("/"),
+        port=int(image.number("port")),
+        env={key: env.text(key) for key in env.data},
+        layers=tuple(rules),
+        repository=image.text("repository"),
+    )
+
+
+def _layers(doc: Table) -> list[tuple[str, Table]]:
+    raw = doc.data.get("layer")
+    if not isinstance(raw, list) or not raw:
+        raise RecipeError(f"{RECIPE}: no [[layer]] tables", "name at least one layer")
+    layers = []
+    for number, item in enumerate(raw, start=1):
+        layer = Table(item, RECIPE, f"layer[{number}]")
+        layers.append((layer.text("name"), layer))
+    return layers
+
+
+# -- the base image lock ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseLock:
+    reference: str  # as the recipe names it (a changed recipe makes the lock stale)
+    platform: Mapping[str, str]
+    index_digest: str | None
+    manifest: Descriptor
+    config: Descriptor
+    layers: tuple[Descriptor, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "platform": dict(self.platform),
+            "index_digest": self.index_digest,
+            "manifest": self.manifest.to_json(),
+            "config": self.config.to_json(),
+            "layers": [layer.to_json() for layer in self.layers],
+        }
+
+
+def base_lock_path(locks_dir: Path) -> Path:
+    return locks_dir / BASE_LOCK
+
+
+def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
+    """The base lock, refusing a missing one or one made for another reference or platform."""
+    path = base_lock_path(locks_dir)
+    if not path.exists():
+        raise LockMissingError(f"no lock for the image base at {path}", "run `vllm-bundle lock --image`")
+    try:
+        doc = json.loads(path.read_text())
+        lock = BaseLock(
+            reference=doc["reference"],
+            platform=doc["platform"],
+            index_digest=doc.get("index_digest"),
+            manifest=Descriptor.from_json(doc["manifest"]),
+            config=Descriptor.from_json(doc["config"]),
+            layers=tuple(Descriptor.from_json(layer) for layer in doc["layers"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise LockOutOfDateError(f"{path} is not a base image lock ({err})", "run `vllm-bundle lock --image`") from None
+    if lock.reference != str(recipe.base) or dict(lock.platform) != dict(recipe.platform):
+        raise LockOutOfDateError(
+            f"the image base lock pins {lock.reference} ({'/'.join(lock.platform.values())}) but {RECIPE} names "
+            f"{recipe.base} ({'/'.join(recipe.platform.values())})",
+            "run `vllm-bundle lock --image`",
+        )
+    return lock
+
+
+def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | None, policy: RetryPolicy) -> BaseLock:
+    """Resolve the recipe's base reference to its platform manifest and write the lock."""
+    reference, url = mirrored(recipe.base, mirror)
+    client = RegistryClient(url, policy)
+    data, media_type, digest, index = platform_manifest(
+        client, reference.repository, reference.reference, recipe.platform
+    )
+    manifest = json.loads(data)
+    config = Descriptor.from_json(manifest["config"])
+    layers = tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
+    config_doc = json.loads(client.blob_bytes(reference.repository, config, cache))
+    diff_ids = (config_doc.get("rootfs") or {}).get("diff_ids") or []
+    if len(diff_ids) != len(layers):
+        raise RegistryError(f"{recipe.base}: its config lists {len(diff_ids)} layers, its manifest {len(layers)}")
+    lock = BaseLock(str(recipe.base), recipe.platform, index, Descriptor(media_type, digest, len(data)), config, layers)
+    locks_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(base_lock_path(locks_dir), dump_json(lock.to_json()))
+    return lock
+
+
+def fetch_base(
+    recipe: ImageRecipe, lock: BaseLock, cache: Cache, mirror: str | None, policy: RetryPolicy, offline: bool
+) -> BaseImage:
+    """The base's config and layers from the cache, downloading by digest what it lacks."""
+    blobs = [lock.config, *lock.layers]
+    missing = [blob for blob in blobs if not cache.has(blob.digest.removeprefix("sha256:"), blob.size)]
+    if missing and offline:
+        raise OfflineMissingError(
+            f"--offline: {len(missing)} blobs of the image base {lock.reference} are not in the cache",
+            "run once without --offline",
+        )
+    reference, url = mirrored(recipe.base, mirror)
+    client = RegistryClient(url, policy)
+    paths = {blob.digest: client.blob_into(reference.repository, blob, cache) for blob in blobs}
+    config = json.loads(paths[lock.config.digest].read_bytes())
+    return BaseImage(
+        lock.reference, lock.manifest.digest, config, [(layer, paths[layer.digest]) for layer in lock.layers]
+    )
+
+
+# -- the stage ----------------------------------------------------------------------------------
+
+
+def revision() -> str:
+    """The commit of the checkout this tool runs from ("" outside one): the image's revision label."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(default_recipes().parent), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def image_spec(
+    recipe: ImageRecipe,
+    *,
+    tag: str,
+    target: str,
+    isas: Sequence[str],
+    versions: Mapping[str, str],
+    repo: str,
+    source_date: int,
+    base: BaseImage,
+    revision: str,
+) -> ImageSpec:
+    labels = {
+        "org.opencontainers.image.title": f"vLLM for AMD {target}",
+        "org.opencontainers.image.description": (
+            f"vLLM {versions['vllm']} with TheRock ROCm {versions['rocm']} for {target}"
+        ),
+        "org.opencontainers.image.version": tag,
+        "org.opencontainers.image.ref.name": tag,
+        "org.opencontainers.image.source": f"https://github.com/{repo}",
+        "org.opencontainers.image.revision": revision,
+        "org.opencontainers.image.licenses": "Apache-2.0",
+        "org.opencontainers.image.base.name": base.reference,
+        "org.opencontainers.image.base.digest": base.manifest_digest,
+    }
+    annotations = {
+        **{key: value for key, value in labels.items() if key != "org.opencontainers.image.ref.name"},
+        "org.opencontainers.image.created": _created(source_date),
+        "dev.vllm-bundle.target": target,
+        "dev.vllm-bundle.isas": ",".join(sorted(isas)),
+        "dev.vllm-bundle.vllm": versions["vllm"],
+        "dev.vllm-bundle.rocm": versions["rocm"],
+    }
+    return ImageSpec(
+        prefix=recipe.prefix,
+        entrypoint=(recipe.launcher,),
+        env=recipe.env,
+        ports=(recipe.port,),
+        labels={key: value for key, value in labels.items() if value},
+        annotations={key: value for key, value in annotations.items() if value},
+        source_date=source_date,
+        tag=tag,
+        platform=recipe.platform,
+    )
+
+
+def _created(epoch: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def image_stage(
+    root: StageResult,
+    base: BaseImage,
+    spec: ImageSpec,
+    rules: Sequence[LayerRule],
+    level: int,
+    out: Path,
+    force: bool = False,
+) -> StageResult:
+    inputs = {
+        "root": root.key,
+        "base": base.manifest_digest,
+        "spec": asdict(spec),
+        "rules": [asdict(rule) for rule in rules],
+        "level": level,
+        "archiver": archiver(),
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        manifest = write_image(root.path, tmp / LAYOUT, base, spec, rules, level)
+        record = {
+            "tag": spec.tag,
+            "digest": manifest.digest,
+            "size": manifest.size,
+            "vllm": spec.annotations["dev.vllm-bundle.vllm"],
+        }
+        (tmp / IMAGE_JSON).write_bytes(dump_json(record))
+        return {"tag": spec.tag, "digest": manifest.digest}
+
+    return run_stage(out, "image", STAGE_VERSION, inputs, build, force=force)
+
+
+def read_image_record(image_dir: Path) -> dict[str, Any]:
+    """image.json of an image stage's output: tag, digest, size, vLLM version."""
+    return read_json(image_dir / IMAGE_JSON)
+
+
+# -- KServe ---------------------------------------------------------------------------------------
+
+
+def kserve_templates() -> dict[str, str]:
+    folder = resources.files("vllm_bundle").joinpath("kserve_data")
+    return {name: folder.joinpath(name).read_text() for name in KSERVE_TEMPLATES}
+
+
+def attention_args(rule: AttentionRule) -> tuple[list[str], list[dict[str, str]]]:
+    """How the runtime states the Triton attention default: a flag, or (older vLLM) an env variable."""
+    if rule.flag:
+        return [f"{rule.flag}={rule.backend}"], []
+    return [], [{"name": str(rule.env), "value": rule.backend}]
+
+
+def render_kserve(image: str, target: str, attention: AttentionRule, out: Path) -> list[Path]:
+    """The ServingRuntime and InferenceService examples with the image pinned by digest."""
+    flags, env = attention_args(attention)
+    args = [f"--port={KSERVE_PORT}", "--model=/mnt/models", "--served-model-name={{.Name}}", *flags]
+    values = {
+        "IMAGE": image,
+        "TARGET": target.lower(),
+        "PORT": str(KSERVE_PORT),
+        "ARGS": json.dumps(args),
+        "ENV": json.dumps(env),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in kserve_templates().items():
+        path = out / name
+        path.write_text(Template(text).substitute(values))
+        written.append(path)
+    return written
+
+
+def image_reference(repository: str, repo: str, tag: str, digest: str) -> str:
+    """``registry/repository:tag@digest``, the recipe's ``{repo}`` filled in (lower case: GHCR's rule)."""
+    return f"{repository.replace('{repo}', repo).lower()}:{tag}@{digest}"

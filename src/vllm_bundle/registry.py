@@ -1,0 +1,345 @@
+"""A client of the OCI distribution API: resolve a reference to a manifest, download blobs into the
+verified cache, and push an image layout with retries.
+
+Hand-written on the project's requests session rather than oras-py: oras-py reads a whole blob into
+memory for a monolithic upload (a ROCm layer is gigabytes), re-serialises manifests (their digest
+would change on the way), and retries with a fixed sleep that ignores Retry-After. The protocol
+needed here is five requests; the transport (urllib3 retries, the URL policy, the failure wording)
+is the one every download of this tool uses.
+
+Authentication: anonymous, or ``$VLLM_BUNDLE_REGISTRY_USERNAME``/``$VLLM_BUNDLE_REGISTRY_PASSWORD``
+(GitHub Actions: the actor and ``GITHUB_TOKEN``), sent as Basic or traded for a Bearer token as the
+registry's challenge asks.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urljoin
+
+import requests
+
+from vllm_bundle.cache import Cache
+from vllm_bundle.errors import FetchError, HashMismatchError, NetworkError
+from vllm_bundle.oci import DOCKER_LIST, DOCKER_MANIFEST, INDEX, MANIFEST, Descriptor, layout_blobs, open_blob
+from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
+
+USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
+PASSWORD_ENV = "VLLM_BUNDLE_REGISTRY_PASSWORD"  # noqa: S105 - the variable's name, not a secret
+MANIFEST_TYPES = (INDEX, MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
+REFERENCE = re.compile(
+    r"^(?P<registry>[a-zA-Z0-9.-]+(?::[0-9]+)?)/(?P<repository>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+
+
+class RegistryError(FetchError):
+    """A registry refused a request or answered with something unusable."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """``registry/repository[:tag][@digest]``; the registry host is always spelled out."""
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Reference:
+        match = REFERENCE.match(text)
+        if match is None or (
+            "." not in match["registry"] and ":" not in match["registry"] and match["registry"] != "localhost"
+        ):
+            raise RegistryError(
+                f"{text!r} is not an image reference of the form REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]",
+                "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
+            )
+        return cls(match["registry"], match["repository"], match["tag"], match["digest"])
+
+    @property
+    def reference(self) -> str:
+        """What the manifest endpoint takes: the digest if known, else the tag (default ``latest``)."""
+        return self.digest or self.tag or "latest"
+
+    def with_registry(self, registry: str) -> Reference:
+        return Reference(registry, self.repository, self.tag, self.digest)
+
+    def __str__(self) -> str:
+        text = f"{self.registry}/{self.repository}"
+        text += f":{self.tag}" if self.tag else ""
+        return text + (f"@{self.digest}" if self.digest else "")
+
+
+def mirrored(reference: Reference, mirror: str | None) -> tuple[Reference, str]:
+    """The reference on ``mirror`` (``host:port`` or a URL; the same repository path), and the base URL
+    its API is reached at (http only on loopback, as every other download)."""
+    registry = reference.registry
+    if mirror:
+        registry = re.sub(r"^https?://", "", mirror).rstrip("/")
+    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
+    scheme = "http" if is_loopback(host) and not (mirror or "").startswith("https://") else "https"
+    return reference.with_registry(registry), f"{scheme}://{registry}"
+
+
+@dataclass
+class RegistryClient:
+    """One registry; requests go through the shared transport and answer auth challenges."""
+
+    base_url: str
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    credentials: tuple[str, str] | None = None
+    sleep: Callable[[float], None] = time.sleep
+    session: requests.Session = field(init=False)
+    _tokens: dict[str, str] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        check_url(self.base_url + "/v2/")
+        self.session = make_session(self.policy)
+        if self.credentials is None:
+            user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+            self.credentials = (user, password) if user and password else None
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return urljoin(self.base_url + "/", path.lstrip("/"))
+
+    def _send(self, method: str, url: str, scope: str, **kwargs: Any) -> requests.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        token = self._tokens.get(scope)
+        if token:
+            headers["Authorization"] = token
+        try:
+            response = self.session.request(
+                method, url, headers=headers, timeout=(self.policy.connect_timeout, self.policy.read_timeout), **kwargs
+            )
+            if response.status_code == 401 and "www-authenticate" in response.headers:
+                self._tokens[scope] = self._authorize(response.headers["www-authenticate"], scope)
+                headers["Authorization"] = self._tokens[scope]
+                rewind = getattr(kwargs.get("data"), "seek", None)
+                if rewind is not None:  # a file body was read by the refused attempt
+                    rewind(0)
+                response = self.session.request(
+                    method,
+                    url,
+                    headers=headers,
+                    timeout=(self.policy.connect_timeout, self.policy.read_timeout),
+                    **kwargs,
+                )
+        except requests.RequestException as err:
+            raise NetworkError(
+                f"cannot reach {self.base_url}: {describe(err)}", "check the registry address and the network"
+            ) from None
+        return response
+
+    def _authorize(self, challenge: str, scope: str) -> str:
+        """The Authorization header the registry's challenge asks for."""
+        scheme = challenge.split(" ", 1)[0].lower()
+        params = dict(CHALLENGE.findall(challenge))
+        if scheme == "basic":
+            if not self.credentials:
+                raise RegistryError(f"{self.base_url} asks for a login", f"set ${USER_ENV} and ${PASSWORD_ENV}")
+            return "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryError(f"{self.base_url} asks for an authentication this tool does not speak: {challenge}")
+        check_url(params["realm"])
+        query = {"service": params.get("service", ""), "scope": scope}
+        try:
+            answer = self.session.get(
+                params["realm"], params=query, auth=self.credentials, timeout=self.policy.connect_timeout
+            )
+        except requests.RequestException as err:
+            raise NetworkError(f"cannot reach {params['realm']}: {describe(err)}", "check the network") from None
+        if answer.status_code != 200:
+            hint = f"set ${USER_ENV} and ${PASSWORD_ENV}" if not self.credentials else "check the credentials"
+            raise RegistryError(f"{params['realm']} refused a token for {scope} (HTTP {answer.status_code})", hint)
+        body = answer.json()
+        return f"Bearer {body.get('token') or body.get('access_token')}"
+
+    def _check(self, response: requests.Response, what: str) -> requests.Response:
+        if response.ok:
+            return response
+        detail = ""
+        try:
+            errors = response.json().get("errors") or []
+            detail = "; ".join(str(e.get("message") or e.get("code")) for e in errors)
+        except ValueError:
+            pass
+        hint = "check the credentials and that the repository exists" if response.status_code in (401, 403, 404) else ""
+        raise RegistryError(f"{what}: HTTP {response.status_code}{': ' + detail if detail else ''}", hint)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def manifest(self, repository: str, reference: str) -> tuple[bytes, str, str]:
+        """A manifest or index as published: (bytes, media type, digest); the digest is checked."""
+        scope = f"repository:{repository}:pull"
+        response = self._send(
+            "GET",
+            self._url(f"/v2/{repository}/manifests/{reference}"),
+            scope,
+            headers={"Accept": ", ".join(MANIFEST_TYPES)},
+        )
+        self._check(response, f"cannot read the manifest {repository}:{reference}")
+        data = response.content
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if reference.startswith("sha256:") and digest != reference:
+            raise HashMismatchError(f"the manifest {repository}@{reference} arrived with digest {digest}", "try again")
+        media_type = response.headers.get("content-type", "").split(";")[0].strip()
+        return data, media_type, digest
+
+    def blob_into(self, repository: str, descriptor: Descriptor, cache: Cache) -> Path:
+        """The blob's verified bytes in the cache (downloaded unless present with its size)."""
+        sha256 = descriptor.digest.removeprefix("sha256:")
+        with cache.lock(sha256):
+            if cache.has(sha256, descriptor.size):
+                return cache.blob(sha256)
+            partial = cache.partial(sha256)
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            url = self._url(f"/v2/{repository}/blobs/{descriptor.digest}")
+            response = self._check(
+                self._send("GET", url, f"repository:{repository}:pull", stream=True),
+                f"cannot download {repository}@{descriptor.digest}",
+            )
+            digest, size = hashlib.sha256(), 0
+            try:
+                with partial.open("wb") as handle:
+                    for chunk in response.iter_content(1 << 20):
+                        handle.write(chunk)
+                        digest.update(chunk)
+                        size += len(chunk)
+            except requests.RequestException as err:
+                cache.discard_partial(sha256)
+                raise NetworkError(
+                    f"cannot download {repository}@{descriptor.digest}: {describe(err)}", "try again"
+                ) from None
+            if digest.hexdigest() != sha256 or size != descriptor.size:
+                cache.discard_partial(sha256)
+                raise HashMismatchError(
+                    f"{repository}@{descriptor.digest} arrived as {size} bytes with sha256 {digest.hexdigest()}",
+                    "the registry served other bytes; try again or lock again",
+                )
+            return cache.commit(partial, sha256)
+
+    def blob_bytes(self, repository: str, descriptor: Descriptor, cache: Cache) -> bytes:
+        return self.blob_into(repository, descriptor, cache).read_bytes()
+
+    # -- pushing -------------------------------------------------------------------------------
+
+    def has_blob(self, repository: str, digest: str) -> bool:
+        response = self._send(
+            "HEAD", self._url(f"/v2/{repository}/blobs/{digest}"), f"repository:{repository}:pull,push"
+        )
+        return response.status_code == 200
+
+    def _with_retries(self, what: str, attempt_once: Callable[[], requests.Response]) -> requests.Response:
+        """Uploads are POST/PUT, which urllib3 does not retry: the whole request is tried again."""
+        for attempt in range(1, self.policy.attempts + 1):
+            try:
+                response = attempt_once()
+            except NetworkError:
+                if attempt == self.policy.attempts:
+                    raise
+                self.sleep(self.policy.delay(attempt))
+                continue
+            if response.status_code not in RETRY_STATUSES or attempt == self.policy.attempts:
+                return self._check(response, what)
+            after = response.headers.get("retry-after", "")
+            self.sleep(min(self.policy.max_backoff, float(after)) if after.isdigit() else self.policy.delay(attempt))
+        raise AssertionError("unreachable")
+
+    def push_blob(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+        """A monolithic upload (POST, then PUT of the body), streamed from the file."""
+        scope = f"repository:{repository}:pull,push"
+
+        def once() -> requests.Response:
+            start = self._send("POST", self._url(f"/v2/{repository}/blobs/uploads/"), scope)
+            if start.status_code != 202 or "location" not in start.headers:
+                return start
+            location = urljoin(self.base_url + "/", start.headers["location"])
+            separator = "&" if "?" in location else "?"
+            with open_body() as body:
+                return self._send(
+                    "PUT",
+                    f"{location}{separator}digest={descriptor.digest}",
+                    scope,
+                    data=body,
+                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(descriptor.size)},
+                )
+
+        self._with_retries(f"cannot upload {descriptor.digest} to {repository}", once)
+
+    def push_manifest(self, repository: str, tag: str, media_type: str, data: bytes) -> str:
+        """Put the manifest's exact bytes under ``tag``; returns the digest the registry stored it at."""
+        scope = f"repository:{repository}:pull,push"
+        response = self._with_retries(
+            f"cannot put the manifest {repository}:{tag}",
+            lambda: self._send(
+                "PUT",
+                self._url(f"/v2/{repository}/manifests/{tag}"),
+                scope,
+                data=data,
+                headers={"Content-Type": media_type},
+            ),
+        )
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        stored = response.headers.get("docker-content-digest", digest)
+        if stored != digest:
+            raise RegistryError(
+                f"{repository}:{tag} was stored as {stored}, not {digest}", "the registry altered the manifest"
+            )
+        return digest
+
+
+@dataclass(frozen=True)
+class PushResult:
+    reference: Reference
+    digest: str
+    uploaded: int  # blobs sent
+    skipped: int  # blobs the registry had already
+
+
+def push_layout(layout: Path, destination: Reference, client: RegistryClient, say: Callable[[str], None]) -> PushResult:
+    """Push the layout's image as ``destination`` (its tag): blobs the registry lacks, then the manifest."""
+    *blobs, manifest = layout_blobs(layout)
+    uploaded = skipped = 0
+    for blob in blobs:
+        if client.has_blob(destination.repository, blob.digest):
+            skipped += 1
+            continue
+        say(f"push   {blob.digest[:19]}  {blob.size} bytes")
+        client.push_blob(destination.repository, blob, functools.partial(open_blob, layout, blob.digest))
+        uploaded += 1
+    with open_blob(layout, manifest.digest) as handle:
+        data = handle.read()
+    digest = client.push_manifest(destination.repository, destination.reference, manifest.media_type, data)
+    return PushResult(destination, digest, uploaded, skipped)
+
+
+def platform_manifest(
+    client: RegistryClient, repository: str, reference: str, platform: Mapping[str, str]
+) -> tuple[bytes, str, str, str | None]:
+    """The image manifest for ``platform``: (bytes, media type, digest, the index digest if any)."""
+    data, media_type, digest = client.manifest(repository, reference)
+    if media_type not in (INDEX, DOCKER_LIST):
+        return data, media_type, digest, None
+    entries = json.loads(data).get("manifests") or []
+    for entry in entries:
+        found = entry.get("platform") or {}
+        if all(found.get(key) == value for key, value in platform.items()):
+            child, child_type, child_digest = client.manifest(repository, entry["digest"])
+            return child, child_type, child_digest, digest
+    wanted = "/".join(platform.values())
+    raise RegistryError(f"{repository}:{reference} has no image for {wanted}", "choose a base image that has one")

@@ -1,0 +1,253 @@
+"""A real OCI registry on 127.0.0.1 (the CNCF distribution registry, Debian's ``docker-registry``), and
+the image base it serves in place of UBI: an index with a linux/amd64 and a linux/arm64 image, pushed
+there with skopeo, an independent client.
+
+The amd64 base holds what the bundle needs from a real one: ``/bin/sh`` and the coreutils the launcher
+calls, and the system libraries (glibc, libstdc++...) the bundle's ELF files load, copied from this
+machine so that the image's entrypoint runs in a chroot of its unpacked layers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+REGISTRY_BINARIES = ("docker-registry", "registry")
+INSTALL_HINT = "install Debian's docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)"
+BASE_REPOSITORY = "ubi10/ubi-minimal"  # recipes/image.toml's base, with the registry host mirrored
+BASE_TAG = "latest"
+TOOLS = ("/bin/sh", "/usr/bin/dirname", "/usr/bin/readlink", "/usr/bin/env")
+
+
+def require_tools() -> tuple[str, str]:
+    """The registry and skopeo binaries; a missing one fails the test run with how to install it."""
+    registry = next((path for name in REGISTRY_BINARIES if (path := shutil.which(name))), None)
+    skopeo = shutil.which("skopeo")
+    if registry is None or skopeo is None:
+        raise RuntimeError(f"the image tests need a real registry and skopeo: {INSTALL_HINT}")
+    return registry, skopeo
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RegistryServer:
+    """``docker-registry serve`` with its storage in ``root``, listening on a free loopback port."""
+
+    root: Path
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def start(self) -> RegistryServer:
+        binary, _ = require_tools()
+        self.port = _free_port()
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: warn\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: 127.0.0.1:{self.port}\n"
+        )
+        self.log = self.root / "registry.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{self.url}/v2/", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the registry did not answer within 30 s: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+
+def skopeo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """skopeo against the loopback registry (plain http there: --tls-verify=false)."""
+    _, binary = require_tools()
+    return subprocess.run(
+        [binary, "--insecure-policy", *args], capture_output=True, text=True, timeout=timeout, check=True
+    )
+
+
+# -- the base image -----------------------------------------------------------------------------------
+
+
+def _system_closure(elf_files: list[Path], inside: Path) -> set[Path]:
+    """The system libraries (outside ``inside``) that these programs and libraries load."""
+    needed: set[Path] = set()
+    for path in elf_files:
+        result = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=False)
+        for line in result.stdout.splitlines():
+            parts = line.split()
+            candidates = [parts[2]] if "=>" in parts and len(parts) > 2 else parts[:1]
+            for candidate in candidates:
+                path = Path(candidate)
+                if path.is_absolute() and path.exists() and not path.resolve().is_relative_to(inside.resolve()):
+                    needed.add(path)
+    return needed
+
+
+def _is_elf(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o755) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 1_700_000_000
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, 1_700_000_000
+    tar.addfile(info)
+
+
+def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mtime = tarfile.SYMTYPE, target, 1_700_000_000
+    tar.addfile(info)
+
+
+def _in_usr(path: Path) -> str:
+    """Where a system path lives in a merged-/usr tree: /lib/x -> usr/lib/x, /usr/bin/y -> usr/bin/y."""
+    text = str(path)
+    return text[1:] if text.startswith("/usr/") else "usr" + text
+
+
+def _base_layer(bundle_root: Path) -> bytes:
+    """An uncompressed tar: the tools, their libraries and the bundle's system libraries, in a merged-/usr
+    layout (/bin, /lib, /lib64 are links into /usr, as on UBI). Each file is stored under the path the
+    loader asks for, with the bytes of what that path resolves to here."""
+    elf = [p for p in bundle_root.rglob("*") if p.is_file() and not p.is_symlink() and _is_elf(p)]
+    tools = [Path(tool) for tool in TOOLS]
+    files = {
+        _in_usr(path): path.resolve() for path in sorted(_system_closure([*tools, *elf], bundle_root) | set(tools))
+    }
+    dirs = {"etc", "tmp", "dev", "proc", "usr/bin", "usr/lib", "usr/lib64"}
+    for name in files:
+        parent = Path(name).parent
+        while str(parent) not in ("", "."):
+            dirs.add(str(parent))
+            parent = parent.parent
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(dirs):
+            _add_dir(tar, name, 0o1777 if name == "tmp" else 0o755)
+        for name, source in sorted(files.items()):
+            _add(tar, name, source.read_bytes())
+        for top in ("bin", "lib", "lib64"):
+            _add_link(tar, top, f"usr/{top}")
+        _add(tar, "etc/os-release", b'NAME="fake UBI for vllm-bundle tests"\nID=fake\n', 0o644)
+    return buffer.getvalue()
+
+
+def _blob(layout: Path, data: bytes) -> dict[str, object]:
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def _image(layout: Path, layer_tar: bytes, architecture: str) -> dict[str, object]:
+    compressed = gzip.compress(layer_tar, mtime=0)
+    layer = {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **_blob(layout, compressed)}
+    config = {
+        "architecture": architecture,
+        "os": "linux",
+        "created": "2026-11-01T00:00:00Z",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "container=oci"],
+            "Cmd": ["/bin/sh"],
+            "Labels": {"name": "ubi10-minimal", "org.opencontainers.image.version": "10.0"},
+        },
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer_tar).hexdigest()}"]},
+        "history": [{"created": "2026-11-01T00:00:00Z", "created_by": "fake base"}],
+    }
+    config_desc = {
+        "mediaType": "application/vnd.oci.image.config.v1+json",
+        **_blob(layout, json.dumps(config).encode()),
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config_desc,
+        "layers": [layer],
+    }
+    manifest_desc = _blob(layout, json.dumps(manifest, indent=2).encode())
+    return {
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        **manifest_desc,
+        "platform": {"architecture": architecture, "os": "linux"},
+    }
+
+
+def write_base_layout(layout: Path, bundle_root: Path) -> Path:
+    """An OCI layout of the base: an index (tag ``latest``) with an arm64 image listed before amd64."""
+    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    arm = _image(layout, _base_layer_for_other_arch(), "arm64")
+    amd = _image(layout, _base_layer(bundle_root), "amd64")
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [arm, amd]}
+    index_desc = {"mediaType": "application/vnd.oci.image.index.v1+json", **_blob(layout, json.dumps(index).encode())}
+    index_desc["annotations"] = {"org.opencontainers.image.ref.name": BASE_TAG}
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    (layout / "index.json").write_text(
+        json.dumps(
+            {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [index_desc]}
+        )
+    )
+    return layout
+
+
+def _base_layer_for_other_arch() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add(tar, "etc/os-release", b'NAME="the arm64 image: never chosen for amd64"\n', 0o644)
+    return buffer.getvalue()
+
+
+def push_base(registry: RegistryServer, layout: Path) -> None:
+    """Publish the base under ``BASE_REPOSITORY:latest`` with skopeo (the whole index)."""
+    skopeo(
+        "copy",
+        "--all",
+        "--dest-tls-verify=false",
+        f"oci:{layout}:{BASE_TAG}",
+        f"docker://{registry.host}/{BASE_REPOSITORY}:{BASE_TAG}",
+    )
