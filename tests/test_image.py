@@ -252,6 +252,19 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     assert again.returncode == 0, again.stderr
     assert f"(0 blobs sent, {len(manifest['layers']) + 1} already there)" in again.stdout
 
+    # The bundle's SBOM is attached to the image as an OCI 1.1 referrer; this registry (distribution 2.8)
+    # has no referrers API, so the spec's fallback tag lists it, once however often the image is pushed.
+    assert "sbom   " in result.stdout and "attached to the image as sha256:" in result.stdout
+    fallback = f"docker://{registry.host}/example/vllm-rocm:{digest.replace(':', '-')}"
+    referrers = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", fallback).stdout)
+    (entry,) = referrers["manifests"]
+    assert entry["artifactType"] == "application/vnd.cyclonedx+json"
+    at = f"docker://{registry.host}/example/vllm-rocm@{entry['digest']}"
+    artifact = json.loads(skopeo("inspect", "--raw", "--tls-verify=false", at).stdout)
+    assert artifact["subject"]["digest"] == digest
+    sbom = work / "bundles" / tag / f"{tag}-x64.cdx.json"
+    assert artifact["layers"][0]["digest"] == "sha256:" + hashlib.sha256(sbom.read_bytes()).hexdigest()
+
     # The KServe manifests name what was pushed, by digest.
     runtime = yaml.safe_load((image_dir.parent / "kserve" / "servingruntime.yaml").read_text())
     assert runtime["spec"]["containers"][0]["image"] == f"{registry.host}/example/vllm-rocm:{tag}@{digest}"

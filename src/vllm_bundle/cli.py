@@ -401,14 +401,19 @@ def _build(
     for line in summary_lines(run):
         print(line)
     if run.image_dir is not None and image is not None and release is not None:
-        _publish_image(args, recipes, run.image_dir, image.recipe, release.repo)
+        assert run.release_dir is not None  # the image stage runs after the release stage
+        _publish_image(args, recipes, run.image_dir, run.release_dir, image.recipe, release.repo)
     return 0
 
 
-def _publish_image(args: argparse.Namespace, recipes: Recipes, image_dir: Path, recipe: ImageRecipe, repo: str) -> None:
-    """Push the image (with --push) and render the KServe manifests for it, pinned by digest."""
+def _publish_image(
+    args: argparse.Namespace, recipes: Recipes, image_dir: Path, release_dir: Path, recipe: ImageRecipe, repo: str
+) -> None:
+    """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
+    for it, pinned by digest."""
     from vllm_bundle.image import LAYOUT, image_reference, read_image_record, render_kserve
-    from vllm_bundle.registry import Reference, RegistryClient, mirrored, push_layout
+    from vllm_bundle.oci import MANIFEST, Descriptor
+    from vllm_bundle.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
 
     record = read_image_record(image_dir)
     tag, digest = str(record["tag"]), str(record["digest"])
@@ -417,16 +422,17 @@ def _publish_image(args: argparse.Namespace, recipes: Recipes, image_dir: Path, 
     if args.push:
         destination, url = mirrored(Reference.parse(args.push), None)
         destination = Reference(destination.registry, destination.repository, tag)
-        result = push_layout(image_dir / LAYOUT, destination, RegistryClient(url, _policy(args)), print)
-        print(
-            f"pushed {result.reference}@{result.digest} ({result.uploaded} blobs sent, {result.skipped} already there)"
-        )
+        client = RegistryClient(url, _policy(args))
+        result = push_layout(image_dir / LAYOUT, destination, client, print)
+        sent = f"{result.uploaded} blobs sent, {result.skipped} already there"
+        print(f"pushed {result.reference}@{result.digest} ({sent})")
+        subject = Descriptor(MANIFEST, digest, int(record["size"]))
+        sbom = release_dir / f"{tag}-x64.cdx.json"
+        attached = push_referrer(client, destination.repository, subject, CYCLONEDX, sbom, str(record["created"]))
+        print(f"sbom   {sbom.name} attached to the image as {attached}")
         reference = f"{result.reference}@{result.digest}"
-    version = recipes.vllm.version
-    lock_version = str(record.get("vllm") or version)
-    kserve = render_kserve(
-        reference, args.target, recipes.vllm.attention_rule(lock_version), image_dir.parent / "kserve"
-    )
+    attention = recipes.vllm.attention_rule(str(record["vllm"]))
+    kserve = render_kserve(reference, args.target, attention, image_dir.parent / "kserve")
     print(f"kserve {', '.join(str(path) for path in kserve)}")
 
 

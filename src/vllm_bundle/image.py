@@ -31,7 +31,7 @@ from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirro
 from vllm_bundle.stage import StageResult, run_stage
 from vllm_bundle.transport import RetryPolicy
 
-STAGE_VERSION = 1
+STAGE_VERSION = 2
 RECIPE = "image.toml"
 BASE_LOCK = "image-base.json"
 LAYOUT = "oci"
@@ -281,6 +281,7 @@ def image_stage(
             "digest": manifest.digest,
             "size": manifest.size,
             "vllm": spec.annotations["dev.vllm-bundle.vllm"],
+            "created": spec.annotations["org.opencontainers.image.created"],
         }
         (tmp / IMAGE_JSON).write_bytes(dump_json(record))
         return {"tag": spec.tag, "digest": manifest.digest}

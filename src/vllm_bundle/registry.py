@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import io
 import json
 import os
 import re
@@ -31,7 +32,17 @@ import requests
 
 from vllm_bundle.cache import Cache
 from vllm_bundle.errors import FetchError, HashMismatchError, NetworkError
-from vllm_bundle.oci import DOCKER_LIST, DOCKER_MANIFEST, INDEX, MANIFEST, Descriptor, layout_blobs, open_blob
+from vllm_bundle.oci import (
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    INDEX,
+    MANIFEST,
+    Descriptor,
+    canonical_json,
+    layout_blobs,
+    open_blob,
+    sha256_digest,
+)
 from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
 
 USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
@@ -281,26 +292,27 @@ class RegistryClient:
 
         self._with_retries(f"cannot upload {descriptor.digest} to {repository}", once)
 
-    def push_manifest(self, repository: str, tag: str, media_type: str, data: bytes) -> str:
-        """Put the manifest's exact bytes under ``tag``; returns the digest the registry stored it at."""
+    def put_manifest(self, repository: str, reference: str, media_type: str, data: bytes) -> requests.Response:
+        """Put the manifest's exact bytes under ``reference`` (a tag or its digest), refusing a registry
+        that stored other bytes."""
         scope = f"repository:{repository}:pull,push"
         response = self._with_retries(
-            f"cannot put the manifest {repository}:{tag}",
+            f"cannot put the manifest {repository}:{reference}",
             lambda: self._send(
                 "PUT",
-                self._url(f"/v2/{repository}/manifests/{tag}"),
+                self._url(f"/v2/{repository}/manifests/{reference}"),
                 scope,
                 data=data,
                 headers={"Content-Type": media_type},
             ),
         )
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        digest = sha256_digest(data)
         stored = response.headers.get("docker-content-digest", digest)
         if stored != digest:
             raise RegistryError(
-                f"{repository}:{tag} was stored as {stored}, not {digest}", "the registry altered the manifest"
+                f"{repository}:{reference} was stored as {stored}, not {digest}", "the registry altered the manifest"
             )
-        return digest
+        return response
 
 
 @dataclass(frozen=True)
@@ -324,8 +336,65 @@ def push_layout(layout: Path, destination: Reference, client: RegistryClient, sa
         uploaded += 1
     with open_blob(layout, manifest.digest) as handle:
         data = handle.read()
-    digest = client.push_manifest(destination.repository, destination.reference, manifest.media_type, data)
-    return PushResult(destination, digest, uploaded, skipped)
+    client.put_manifest(destination.repository, destination.reference, manifest.media_type, data)
+    return PushResult(destination, manifest.digest, uploaded, skipped)
+
+
+EMPTY_CONFIG = b"{}"
+EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
+CYCLONEDX = "application/vnd.cyclonedx+json"
+
+
+def referrer_manifest(subject: Descriptor, artifact_type: str, file: Descriptor, created: str) -> bytes:
+    """An OCI 1.1 artifact manifest about ``subject`` (an SBOM of the image, say)."""
+    config = Descriptor(EMPTY_TYPE, sha256_digest(EMPTY_CONFIG), len(EMPTY_CONFIG))
+    document = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "artifactType": artifact_type,
+        "config": config.to_json(),
+        "layers": [file.to_json()],
+        "subject": Descriptor(subject.media_type, subject.digest, subject.size).to_json(),
+        "annotations": {"org.opencontainers.image.created": created},
+    }
+    return canonical_json(document)
+
+
+def push_referrer(
+    client: RegistryClient, repository: str, subject: Descriptor, artifact_type: str, path: Path, created: str
+) -> str:
+    """Attach ``path`` to the pushed image ``subject`` as an OCI 1.1 referrer; returns its digest.
+
+    A registry with the referrers API links it by the ``subject`` field (it answers with OCI-Subject);
+    for one without, the referrers tag schema of the distribution spec 1.1 is kept: the index tagged
+    ``sha256-<subject hex>`` lists it."""
+    data = path.read_bytes()
+    title = {"org.opencontainers.image.title": path.name}
+    file = Descriptor(artifact_type, sha256_digest(data), len(data), title)
+    config = Descriptor(EMPTY_TYPE, sha256_digest(EMPTY_CONFIG), len(EMPTY_CONFIG))
+    for blob, body in ((config, EMPTY_CONFIG), (file, data)):
+        if not client.has_blob(repository, blob.digest):
+            client.push_blob(repository, blob, functools.partial(io.BytesIO, body))
+    manifest = referrer_manifest(subject, artifact_type, file, created)
+    digest = sha256_digest(manifest)
+    linked = client.put_manifest(repository, digest, MANIFEST, manifest).headers.get("oci-subject")
+    if linked != subject.digest:
+        entry = Descriptor(MANIFEST, digest, len(manifest), {}).to_json() | {"artifactType": artifact_type}
+        _add_to_referrers_tag(client, repository, subject.digest, entry)
+    return digest
+
+
+def _add_to_referrers_tag(client: RegistryClient, repository: str, subject: str, entry: dict[str, Any]) -> None:
+    tag = subject.replace(":", "-")
+    try:
+        data, _, _ = client.manifest(repository, tag)
+        index = json.loads(data)
+    except RegistryError:
+        index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
+    if any(item.get("digest") == entry["digest"] for item in index.get("manifests", [])):
+        return
+    index["manifests"] = [*index.get("manifests", []), entry]
+    client.put_manifest(repository, tag, INDEX, canonical_json(index))
 
 
 def platform_manifest(
