@@ -2,6 +2,7 @@
 
 nox -s lock -- gfx1151 [--channel stable] [--check]   pin every input (needs upstream reachable)
 nox -s fetch -- gfx1151 [--mirror URL|DIR] [--offline] download the locked inputs into the cache
+nox -s image -- gfx1151 [--push REGISTRY/REPO]         the bundle as an OCI image (build/<target>/image)
 nox -s tests                                           the test suite (plays upstream on 127.0.0.1)
 nox -s lint                                            ruff + mypy
 nox -s bench                                           performance ratios, printed (not asserted)
@@ -70,6 +71,12 @@ def bench(session: nox.Session) -> None:
     """Prints performance ratios against the tools people use today, measured in one run."""
     _install(session, "test")
     session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session
+def image(session: nox.Session) -> None:
+    """The bundle, then its OCI image on the locked base: `nox -s image -- gfx1151 [--push ghcr.io/OWNER/REPO]`."""
+    _cli(session, "image")
 
 
 @nox.session

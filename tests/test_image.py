@@ -452,6 +452,22 @@ def test_lock_image_pins_the_amd64_manifest_of_the_base(
     assert lock["index_digest"] == "sha256:" + hashlib.sha256(index_raw).hexdigest()
     assert f"locked image base registry.access.redhat.com/ubi10/ubi-minimal:latest: {amd64['digest']}" in result.stdout
 
+    check = run_cli("lock", "--check", "--recipes", recipes)
+    assert check.returncode == 0, check.stderr
+    base = "registry.access.redhat.com/ubi10/ubi-minimal:latest"
+    assert f"ok     image base {base}: lock matches its recipe ({amd64['digest']})" in check.stdout
+
+    # A lock edited by hand (another layer digest): refused before anything is built or downloaded.
+    edited = dict(lock, layers=[dict(lock["layers"][0], digest="sha256:" + "0" * 64)])
+    (recipes / "locks" / "image-base.json").write_text(json.dumps(edited))
+    common = ("--recipes", recipes, "--cache-dir", tmp_path / "cache", "--repo", TEST_REPO, "--locked")
+    tampered = run_cli("image", TARGET, *common, "--registry-mirror", base_published.host)
+    assert_one_line_error(tampered, "does not list the blobs of the manifest", "edited by hand")
+    # --offline with the base not in the cache: one line, no network.
+    (recipes / "locks" / "image-base.json").write_text(json.dumps(lock))
+    offline = run_cli("image", TARGET, *common[:2], "--cache-dir", tmp_path / "empty", *common[4:], "--offline")
+    assert_one_line_error(offline, "--offline: 3 blobs of the image base", "without --offline")
+
     # Another base in the recipe: the lock is stale, and --locked refuses it in one line.
     recipe = recipes / "image.toml"
     recipe.write_text(recipe.read_text().replace("ubi10/ubi-minimal:latest", "ubi10/ubi-minimal:10.1"))

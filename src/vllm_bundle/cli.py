@@ -115,6 +115,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
+    from vllm_bundle.image import base_lock_path, load_image_recipe, read_base_lock
     from vllm_bundle.locker import check_lock
 
     locks_dir = _locks_dir(args)
@@ -126,11 +127,14 @@ def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str])
             for path in sorted(locks_dir.glob("*/*.toml"))
             if not path.name.startswith("pylock.")
         ]
-        if not pairs:
+        if not pairs and not args.image:
             raise LockError(f"no locks under {locks_dir}", "run `nox -s lock -- <target>` where upstream is reachable")
     for target, channel in pairs:
         check_lock(recipes, target, channel, locks_dir)
         print(f"ok     {channel.name}/{target.name}: lock matches its recipe")
+    if args.image or base_lock_path(locks_dir).exists():
+        lock = read_base_lock(locks_dir, load_image_recipe(args.recipes))
+        print(f"ok     image base {lock.reference}: lock matches its recipe ({lock.manifest.digest})")
     return 0
 
 

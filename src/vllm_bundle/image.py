@@ -24,7 +24,7 @@ from vllm_bundle.cache import Cache
 from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError
 from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import dump_json, read_json
-from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, write_image
+from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, sha256_digest, write_image
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import AttentionRule, Table, read_toml
 from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirrored, platform_manifest
@@ -146,6 +146,23 @@ def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
     return lock
 
 
+def _keep(cache: Cache, data: bytes) -> None:
+    """Small verified bytes (a manifest) into the cache, under their sha256."""
+    sha256 = sha256_digest(data).removeprefix("sha256:")
+    if cache.has(sha256, len(data)):
+        return
+    partial = cache.partial(sha256)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(data)
+    cache.commit(partial, sha256)
+
+
+def _manifest_blobs(data: bytes) -> tuple[Descriptor, tuple[Descriptor, ...]]:
+    manifest = json.loads(data)
+    config = Descriptor.from_json(manifest["config"])
+    return config, tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
+
+
 def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | None, policy: RetryPolicy) -> BaseLock:
     """Resolve the recipe's base reference to its platform manifest and write the lock."""
     reference, url = mirrored(recipe.base, mirror)
@@ -153,13 +170,12 @@ def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | 
     data, media_type, digest, index = platform_manifest(
         client, reference.repository, reference.reference, recipe.platform
     )
-    manifest = json.loads(data)
-    config = Descriptor.from_json(manifest["config"])
-    layers = tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
+    config, layers = _manifest_blobs(data)
     config_doc = json.loads(client.blob_bytes(reference.repository, config, cache))
     diff_ids = (config_doc.get("rootfs") or {}).get("diff_ids") or []
     if len(diff_ids) != len(layers):
         raise RegistryError(f"{recipe.base}: its config lists {len(diff_ids)} layers, its manifest {len(layers)}")
+    _keep(cache, data)
     lock = BaseLock(str(recipe.base), recipe.platform, index, Descriptor(media_type, digest, len(data)), config, layers)
     locks_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(base_lock_path(locks_dir), dump_json(lock.to_json()))
@@ -169,8 +185,9 @@ def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | 
 def fetch_base(
     recipe: ImageRecipe, lock: BaseLock, cache: Cache, mirror: str | None, policy: RetryPolicy, offline: bool
 ) -> BaseImage:
-    """The base's config and layers from the cache, downloading by digest what it lacks."""
-    blobs = [lock.config, *lock.layers]
+    """The base's manifest, config and layers from the cache, downloading by digest what it lacks. The
+    manifest is checked to list exactly the locked config and layers (a lock edited by hand is refused)."""
+    blobs = [lock.manifest, lock.config, *lock.layers]
     missing = [blob for blob in blobs if not cache.has(blob.digest.removeprefix("sha256:"), blob.size)]
     if missing and offline:
         raise OfflineMissingError(
@@ -179,10 +196,20 @@ def fetch_base(
         )
     reference, url = mirrored(recipe.base, mirror)
     client = RegistryClient(url, policy)
-    paths = {blob.digest: client.blob_into(reference.repository, blob, cache) for blob in blobs}
-    config = json.loads(paths[lock.config.digest].read_bytes())
+    manifest_path = cache.blob(lock.manifest.digest.removeprefix("sha256:"))
+    if lock.manifest in missing:
+        data, _, _ = client.manifest(reference.repository, lock.manifest.digest)  # verified against the digest
+        _keep(cache, data)
+    config, layers = _manifest_blobs(manifest_path.read_bytes())
+    if (config.digest, [layer.digest for layer in layers]) != (lock.config.digest, [x.digest for x in lock.layers]):
+        raise LockOutOfDateError(
+            f"the image base lock does not list the blobs of the manifest {lock.manifest.digest} it pins",
+            "run `vllm-bundle lock --image` (was the lock edited by hand?)",
+        )
+    paths = {blob.digest: client.blob_into(reference.repository, blob, cache) for blob in blobs[1:]}
+    config_doc = json.loads(paths[lock.config.digest].read_bytes())
     return BaseImage(
-        lock.reference, lock.manifest.digest, config, [(layer, paths[layer.digest]) for layer in lock.layers]
+        lock.reference, lock.manifest.digest, config_doc, [(layer, paths[layer.digest]) for layer in lock.layers]
     )
 
 
