@@ -115,6 +115,24 @@ def test_release_builds_each_target_with_the_pipelines_sessions() -> None:
     assert bundle["env"]["VLLM_BUNDLE_VERIFY_CACHE"] == "1", "a restored cache is re-hashed"
 
 
+def test_release_pushes_and_attests_the_image_after_tier_0() -> None:
+    bundle = _load(ROOT / ".github/workflows/release.yml")["jobs"]["bundle"]
+    runs = [step.get("run", "") for step in bundle["steps"]]
+    build = next(i for i, r in enumerate(runs) if "nox -s bundle" in r)
+    assert "--image" in runs[build] and "--locked" in runs[build]
+    assert "--check --image" in next(r for r in runs if "nox -s lock" in r), "the image base lock is checked too"
+    tier0 = next(i for i, r in enumerate(runs) if "nox -s qualify" in r)
+    push = next(i for i, r in enumerate(runs) if "nox -s image" in r)
+    assert build < tier0 < push and "--push" in runs[push] and "--locked" in runs[push]
+    steps = bundle["steps"]
+    assert steps[push]["env"]["VLLM_BUNDLE_REGISTRY_PASSWORD"] == "${{ github.token }}"
+    attest = next(s for s in steps[push:] if s.get("uses", "").startswith("actions/attest-build-provenance"))
+    assert (
+        attest["with"]["push-to-registry"] is True and "steps.image.outputs.digest" in attest["with"]["subject-digest"]
+    )
+    assert bundle["permissions"]["packages"] == "write"
+
+
 def test_release_is_promoted_only_after_the_gpu_tiers() -> None:
     jobs = _load(ROOT / ".github/workflows/release.yml")["jobs"]
     publish = " ".join(step.get("run", "") for step in jobs["publish"]["steps"])
@@ -133,6 +151,7 @@ def test_refresh_locks_locks_every_target_and_channel_and_opens_a_pull_request()
     assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.targets), list(recipes.targets)
     assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.channels), list(recipes.channels)
     assert "nox -s lock" in runs and "gh pr create" in runs
+    assert "nox -s lock -- --image" in runs, "the image base is re-pinned too"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
