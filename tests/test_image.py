@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli
+from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli, small_disk
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.registry import BASE_REPOSITORY, RegistryServer, push_base, skopeo, write_base_layout
 from tests.upstream.server import UpstreamServer
@@ -483,6 +483,8 @@ def test_user_errors_are_one_line(base_published: RegistryServer, locked: Path, 
     assert_one_line_error(no_archive, "the image needs the release stage", "drop --no-archive")
     bad_push = run_cli("bundle", TARGET, *common, "--push", "vllm-rocm")
     assert_one_line_error(bad_push, "is not an image reference", "ghcr.io/OWNER/vllm-rocm")
+    upper = run_cli("bundle", TARGET, *common, "--push", "ghcr.io/Example-Org/vllm-rocm")
+    assert_one_line_error(upper, "is not an image reference", "repository names are lower case")
     recipes = copy_recipes(tmp_path / "recipes")
     closed = run_cli("lock", "--image", "--recipes", recipes, "--registry-mirror", "127.0.0.1:9", "--retries", "1")
     assert_one_line_error(closed, "cannot reach http://127.0.0.1:9: connection refused")
@@ -527,3 +529,22 @@ def test_layer_rules_split_the_tree_and_keep_links_within_a_layer(tmp_path: Path
     assert next(iter(written["rest"])) == "opt", "each layer holds the directories above the bundle"
     with pytest.raises(Exception, match="the last layer rule must take the rest"):
         split_tree(root, [LayerRule("rocm", ("lib/sdk",))])
+
+
+def test_a_full_disk_while_downloading_a_base_layer_leaves_no_partial_file(
+    base_published: RegistryServer, tmp_path: Path
+) -> None:
+    from vllm_bundle.cache import Cache
+    from vllm_bundle.oci import Descriptor
+    from vllm_bundle.registry import RegistryClient, platform_manifest
+
+    client = RegistryClient(base_published.url)
+    data, *_ = platform_manifest(client, BASE_REPOSITORY, "latest", {"architecture": "amd64", "os": "linux"})
+    layer = Descriptor.from_json(json.loads(data)["layers"][0])
+    assert layer.size > 1024 * 1024
+    with small_disk(tmp_path / "disk", "512k") as disk:
+        cache = Cache(disk / "cache")
+        with pytest.raises(OSError, match="No space left"):
+            client.blob_into(BASE_REPOSITORY, layer, cache)
+        assert not list((disk / "cache" / "partial").iterdir()), "the partial download is removed"
+        assert not cache.has(layer.digest.removeprefix("sha256:"), None)

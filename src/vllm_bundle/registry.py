@@ -43,6 +43,7 @@ from vllm_bundle.oci import (
     open_blob,
     sha256_digest,
 )
+from vllm_bundle.progress import human_size
 from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
 
 USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
@@ -74,9 +75,10 @@ class Reference:
         if match is None or (
             "." not in match["registry"] and ":" not in match["registry"] and match["registry"] != "localhost"
         ):
+            lower = text.split("/", 1)[-1].split(":")[0] != text.split("/", 1)[-1].split(":")[0].lower()
             raise RegistryError(
                 f"{text!r} is not an image reference of the form REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]",
-                "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
+                "repository names are lower case" if lower else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
             )
         return cls(match["registry"], match["repository"], match["tag"], match["digest"])
 
@@ -231,8 +233,10 @@ class RegistryClient:
                         handle.write(chunk)
                         digest.update(chunk)
                         size += len(chunk)
-            except requests.RequestException as err:
+            except BaseException as err:  # a full disk, Ctrl-C: nothing half-written stays behind
                 cache.discard_partial(sha256)
+                if not isinstance(err, requests.RequestException):
+                    raise
                 raise NetworkError(
                     f"cannot download {repository}@{descriptor.digest}: {describe(err)}", "try again"
                 ) from None
@@ -331,7 +335,7 @@ def push_layout(layout: Path, destination: Reference, client: RegistryClient, sa
         if client.has_blob(destination.repository, blob.digest):
             skipped += 1
             continue
-        say(f"push   {blob.digest[:19]}  {blob.size} bytes")
+        say(f"push   {blob.digest[:19]}  {human_size(blob.size)}")
         client.push_blob(destination.repository, blob, functools.partial(open_blob, layout, blob.digest))
         uploaded += 1
     with open_blob(layout, manifest.digest) as handle:
