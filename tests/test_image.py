@@ -4,6 +4,7 @@ KServe manifests checked against KServe's API models."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import json
@@ -12,6 +13,7 @@ import subprocess
 import tarfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -271,27 +273,59 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
 
 
 class _FlakyProxy(BaseHTTPRequestHandler):
-    """Forwards to the registry, answering 503 (Retry-After: 0) to the first upload start and 500 to
-    the first upload body, and dropping the connection once on a manifest PUT."""
+    """Forwards to the registry, misbehaving as ``faults`` says: the first upload start answered 503
+    (Retry-After: 0), an upload body's connection dropped, a manifest PUT answered 500. With ``token``
+    set it plays a token-auth registry as GHCR does: 401 with a Bearer challenge, and a token endpoint
+    that hands ``token`` out for the Basic credentials user:secret only."""
 
     target: ClassVar[str] = ""
     faults: ClassVar[dict[str, int]] = {}
     seen: ClassVar[list[str]] = []
+    token: ClassVar[str | None] = None
+
+    def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key.replace("_", "-"), value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _refused(self) -> bool:
+        """Token auth: True when this request was answered here (the token endpoint, or a 401)."""
+        if self.token is None:
+            return False
+        if self.path.startswith("/token"):
+            if self.headers.get("Authorization") == "Basic " + base64.b64encode(b"user:secret").decode():
+                self._answer(200, json.dumps({"token": self.token}).encode(), Content_Type="application/json")
+            else:
+                self._answer(401)
+            return True
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            realm = f"http://{self.headers['Host']}/token"
+            challenge = f'Bearer realm="{realm}",service="fake-ghcr",scope="repository:any:pull"'
+            self._answer(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', WWW_Authenticate=challenge)
+            return True
+        return False
 
     def _forward(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(length) if length else None
+        if self._refused():
+            return
         what = "manifest" if "/manifests/" in self.path else "upload" if "/uploads/" in self.path else "blob"
         kind = f"{self.command} {what}"
         self.seen.append(kind)
         if self.faults.get(kind, 0) > 0:
             self.faults[kind] -= 1
-            self.send_response(503 if self.command == "POST" else 500)
-            self.send_header("Retry-After", "0")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            if kind == "PUT upload":  # the connection drops, no answer at all
+                self.close_connection = True
+                return
+            self._answer(503 if self.command == "POST" else 500, Retry_After="0")
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length", "authorization")
+        }
         answer = requests.request(
             self.command, self.target + self.path, data=body, headers=headers, timeout=30, allow_redirects=False
         )
@@ -311,7 +345,20 @@ class _FlakyProxy(BaseHTTPRequestHandler):
         pass
 
 
-def test_push_retries_refused_uploads(base_published: RegistryServer, image_dir: Path) -> None:
+@contextmanager
+def proxy(handler: type[_FlakyProxy]) -> Iterator[str]:
+    """The proxy on a free loopback port; yields its host:port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer, image_dir: Path) -> None:
     from vllm_bundle.registry import Reference, RegistryClient, push_layout
     from vllm_bundle.transport import RetryPolicy
 
@@ -320,24 +367,41 @@ def test_push_retries_refused_uploads(base_published: RegistryServer, image_dir:
         faults: ClassVar[dict[str, int]] = {"POST upload": 1, "PUT upload": 1, "PUT manifest": 1}
         seen: ClassVar[list[str]] = []
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        host = f"127.0.0.1:{server.server_address[1]}"
+    with proxy(Proxy) as host:
         client = RegistryClient(f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None)
         result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client, lambda line: None)
-    finally:
-        server.shutdown()
-        server.server_close()
     digest = manifest_and_config(image_dir / "oci")[0]
     assert result.digest == digest
-    assert Proxy.seen.count("PUT manifest") == 2 and Proxy.faults == {
-        "POST upload": 0,
-        "PUT upload": 0,
-        "PUT manifest": 0,
-    }
+    assert Proxy.faults == {"POST upload": 0, "PUT upload": 0, "PUT manifest": 0}, "every fault was met"
+    assert Proxy.seen.count("PUT manifest") == 2
     raw = skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{base_published.host}/retried/vllm:v1").stdout
     assert "sha256:" + hashlib.sha256(raw.encode()).hexdigest() == digest
+
+
+def test_push_trades_credentials_for_a_bearer_token(
+    base_published: RegistryServer, image_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_bundle.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, RegistryError, push_layout
+
+    class Proxy(_FlakyProxy):
+        target = base_published.url
+        faults: ClassVar[dict[str, int]] = {}
+        seen: ClassVar[list[str]] = []
+        token = "t0k3n"
+
+    layout = image_dir / "oci"
+    with proxy(Proxy) as host:
+        destination = Reference(host, "private/vllm", "v1")
+        monkeypatch.delenv(USER_ENV, raising=False)
+        with pytest.raises(RegistryError, match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}\)"):
+            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        monkeypatch.setenv(USER_ENV, "user")
+        monkeypatch.setenv(PASSWORD_ENV, "wrong")
+        with pytest.raises(RegistryError, match=r"refused a token .* \(check the credentials\)"):
+            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        monkeypatch.setenv(PASSWORD_ENV, "secret")
+        result = push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+    assert result.digest == manifest_and_config(layout)[0]
 
 
 # -- KServe --------------------------------------------------------------------------------------------
@@ -548,3 +612,27 @@ def test_a_full_disk_while_downloading_a_base_layer_leaves_no_partial_file(
             client.blob_into(BASE_REPOSITORY, layer, cache)
         assert not list((disk / "cache" / "partial").iterdir()), "the partial download is removed"
         assert not cache.has(layer.digest.removeprefix("sha256:"), None)
+
+
+@pytest.mark.parametrize(
+    ("edits", "message"),
+    [
+        (
+            [('[[layer]]\nname = "vllm"', '[[layer]]\nname = "vllm"\npaths = ["bin"]')],
+            "the last [[layer]] must have no",
+        ),
+        ([('prefix = "/opt/vllm"', 'prefix = "/"')], "image.prefix: expected an absolute directory other than /"),
+        ([('reference = "registry.access.redhat.com/', 'reference = "')], "'ubi10/ubi-minimal:latest' is not an image"),
+        ([("[[layer]]", "[[other]]"), ("[base]", "layer = [1]\n[base]")], "layer[1]: expected a table"),
+    ],
+)
+def test_a_bad_image_recipe_is_one_line(tmp_path: Path, edits: list[tuple[str, str]], message: str) -> None:
+    recipes = copy_recipes(tmp_path / "recipes")
+    recipe = recipes / "image.toml"
+    text = recipe.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    recipe.write_text(text)
+    result = run_cli("lock", "--image", "--recipes", recipes, "--registry-mirror", "127.0.0.1:9")
+    assert_one_line_error(result, message)

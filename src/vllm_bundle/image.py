@@ -2,7 +2,8 @@
 
 recipes/image.toml     the base reference, where the bundle goes, its environment, the layer rules
 locks/image-base.json  the base resolved by the lock step: manifest digest, config and layer blobs
-build/<target>/image/  oci/ (the image layout), image.json (tag, digest, layers), kserve/ (manifests)
+build/<target>/image/  oci/ (the image layout) and image.json (tag, digest, size, vLLM version, date)
+build/<target>/kserve/ the ServingRuntime and InferenceService for the image (rendered after a push)
 
 The base is pinned like every other input: the lock names its manifest and blob digests; a build
 downloads those blobs into the verified cache (or finds them there) and never asks for a tag.
@@ -11,7 +12,6 @@ downloads those blobs into the verified cache (or finds them there) and never as
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
@@ -25,7 +25,7 @@ from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMiss
 from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import dump_json, read_json
 from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, sha256_digest, write_image
-from vllm_bundle.paths import default_recipes
+from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import AttentionRule, Table, read_toml
 from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirrored, platform_manifest
 from vllm_bundle.stage import StageResult, run_stage
@@ -88,6 +88,8 @@ def _layers(doc: Table) -> list[tuple[str, Table]]:
         raise RecipeError(f"{RECIPE}: no [[layer]] tables", "name at least one layer")
     layers = []
     for number, item in enumerate(raw, start=1):
+        if not isinstance(item, dict):
+            raise RecipeError(f"bad recipe {RECIPE}: layer[{number}]: expected a table, got {item!r}")
         layer = Table(item, RECIPE, f"layer[{number}]")
         layers.append((layer.text("name"), layer))
     return layers
@@ -218,17 +220,7 @@ def fetch_base(
 
 def revision() -> str:
     """The commit of the checkout this tool runs from ("" outside one): the image's revision label."""
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(default_recipes().parent), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return result.stdout.strip() if result.returncode == 0 else ""
+    return checkout_git("rev-parse", "HEAD")
 
 
 def image_spec(

@@ -8,6 +8,7 @@ locks are written too; an installed wheel reads its packaged copies.
 
 from __future__ import annotations
 
+import subprocess
 from importlib import resources
 from pathlib import Path
 
@@ -24,3 +25,18 @@ def default_recipes() -> Path:
 def default_patches() -> Path:
     """``patches/vllm/`` of the checkout this tool runs from, else the series packaged with it."""
     return _packaged("patch_data")
+
+
+def checkout_git(*args: str) -> str:
+    """``git <args>`` in the checkout this tool runs from: its output, or "" outside a checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(default_recipes().parent), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""

@@ -179,8 +179,13 @@ class RegistryClient:
         if answer.status_code != 200:
             hint = f"set ${USER_ENV} and ${PASSWORD_ENV}" if not self.credentials else "check the credentials"
             raise RegistryError(f"{params['realm']} refused a token for {scope} (HTTP {answer.status_code})", hint)
-        body = answer.json()
-        return f"Bearer {body.get('token') or body.get('access_token')}"
+        try:
+            token = answer.json().get("token") or answer.json().get("access_token")
+        except (ValueError, AttributeError):
+            token = None
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"{params['realm']} answered without a token", "check the registry address")
+        return f"Bearer {token}"
 
     def _check(self, response: requests.Response, what: str) -> requests.Response:
         if response.ok:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from vllm_bundle.manifests import (
     release_tag,
     write_sha256sums,
 )
-from vllm_bundle.paths import default_recipes
+from vllm_bundle.paths import checkout_git
 from vllm_bundle.sbom import build_sbom
 from vllm_bundle.stage import StageResult, file_digest, run_stage
 
@@ -68,17 +67,7 @@ def default_repo(configured: str | None) -> str:
 
 
 def _origin_repo() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "-C", str(default_recipes().parent), "config", "--get", "remote.origin.url"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    match = GITHUB_REMOTE.search(result.stdout.strip()) if result.returncode == 0 else None
+    match = GITHUB_REMOTE.search(checkout_git("config", "--get", "remote.origin.url"))
     return f"{match['owner']}/{match['name']}" if match else ""
 
 
