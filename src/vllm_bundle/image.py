@@ -343,7 +343,7 @@ def render_kserve(image: str, target: str, attention: AttentionRule, out: Path) 
     written = []
     for name, text in kserve_templates().items():
         path = out / name
-        path.write_text(Template(text).substitute(values))
+        atomic_write(path, Template(text).substitute(values).encode())
         written.append(path)
     return written
 
