@@ -280,7 +280,9 @@ class _FlakyProxy(BaseHTTPRequestHandler):
 
     target: ClassVar[str] = ""
     faults: ClassVar[dict[str, int]] = {}
+    drop_nth: ClassVar[dict[str, int]] = {}  # kind -> which request of that kind loses its connection
     seen: ClassVar[list[str]] = []
+    body_bytes: ClassVar[dict[str, int]] = {}
     token: ClassVar[str | None] = None
 
     def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
@@ -316,6 +318,10 @@ class _FlakyProxy(BaseHTTPRequestHandler):
         what = "manifest" if "/manifests/" in self.path else "upload" if "/uploads/" in self.path else "blob"
         kind = f"{self.command} {what}"
         self.seen.append(kind)
+        self.body_bytes[kind] = self.body_bytes.get(kind, 0) + len(body or b"")
+        if self.drop_nth.get(kind) == self.seen.count(kind):
+            self.close_connection = True
+            return
         if self.faults.get(kind, 0) > 0:
             self.faults[kind] -= 1
             if kind == "PUT upload":  # the connection drops, no answer at all
@@ -376,6 +382,39 @@ def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer
     assert Proxy.seen.count("PUT manifest") == 2
     raw = skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{base_published.host}/retried/vllm:v1").stdout
     assert "sha256:" + hashlib.sha256(raw.encode()).hexdigest() == digest
+
+
+def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
+    base_published: RegistryServer, image_dir: Path
+) -> None:
+    from vllm_bundle.oci import Descriptor
+    from vllm_bundle.registry import RegistryClient
+    from vllm_bundle.transport import RetryPolicy
+
+    layout = image_dir / "oci"
+    _, manifest, _ = manifest_and_config(layout)
+    largest = Descriptor.from_json(max(manifest["layers"], key=lambda layer: layer["size"]))
+    chunk = 4 * 1024 * 1024
+    assert largest.size > 4 * chunk, "the fixture's largest layer spans several chunks"
+
+    class Proxy(_FlakyProxy):
+        target = base_published.url
+        faults: ClassVar[dict[str, int]] = {}
+        drop_nth: ClassVar[dict[str, int]] = {"PATCH upload": 3}
+        seen: ClassVar[list[str]] = []
+        body_bytes: ClassVar[dict[str, int]] = {}
+
+    with proxy(Proxy) as host:
+        client = RegistryClient(
+            f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None, chunk_size=chunk
+        )
+        client.push_blob("chunked/vllm", largest, lambda: blob(layout, largest.digest).open("rb"))
+    chunks = -(-largest.size // chunk)
+    assert Proxy.seen.count("PATCH upload") == chunks + 1, "one chunk was sent twice"
+    assert Proxy.body_bytes["PATCH upload"] == largest.size + chunk, "resumed after the dropped chunk, not from 0"
+    assert Proxy.seen.count("GET upload") == 1, "the session's Range was asked once"
+    pulled = requests.get(f"{base_published.url}/v2/chunked/vllm/blobs/{largest.digest}", timeout=60)
+    assert pulled.content == blob(layout, largest.digest).read_bytes()
 
 
 def test_push_trades_credentials_for_a_bearer_token(

@@ -54,6 +54,9 @@ REFERENCE = re.compile(
     r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+#: Blobs larger than this go up in chunks of this size, each retried on its own. GHCR refuses a
+#: chunk over 4 MiB (416 "exceeds the maximum permissible limit of 4.00MiB", ocx-sh/ocx#237).
+CHUNK_SIZE = 4 * 1024 * 1024
 
 
 class RegistryError(FetchError):
@@ -115,6 +118,7 @@ class RegistryClient:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     credentials: tuple[str, str] | None = None
     sleep: Callable[[float], None] = time.sleep
+    chunk_size: int = CHUNK_SIZE
     session: requests.Session = field(init=False)
     _tokens: dict[str, str] = field(default_factory=dict, init=False)
 
@@ -281,25 +285,99 @@ class RegistryClient:
         raise AssertionError("unreachable")
 
     def push_blob(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
-        """A monolithic upload (POST, then PUT of the body), streamed from the file."""
+        """Upload a blob: in one PUT when it fits in a chunk, else in chunks that resume where the
+        registry's upload session stands after a failure (a ROCm layer is gigabytes: a failure costs
+        one chunk, not the layer)."""
+        if descriptor.size > self.chunk_size:
+            self._push_chunked(repository, descriptor, open_body)
+            return
         scope = f"repository:{repository}:pull,push"
 
         def once() -> requests.Response:
             start = self._send("POST", self._url(f"/v2/{repository}/blobs/uploads/"), scope)
             if start.status_code != 202 or "location" not in start.headers:
                 return start
-            location = urljoin(self.base_url + "/", start.headers["location"])
-            separator = "&" if "?" in location else "?"
             with open_body() as body:
                 return self._send(
                     "PUT",
-                    f"{location}{separator}digest={descriptor.digest}",
+                    _with_digest(self._absolute(start.headers["location"]), descriptor.digest),
                     scope,
                     data=body,
                     headers={"Content-Type": "application/octet-stream", "Content-Length": str(descriptor.size)},
                 )
 
         self._with_retries(f"cannot upload {descriptor.digest} to {repository}", once)
+
+    def _absolute(self, location: str) -> str:
+        return urljoin(self.base_url + "/", location)
+
+    def _start_upload(self, repository: str, scope: str) -> str:
+        """A new upload session's URL."""
+        response = self._with_retries(
+            f"cannot start an upload to {repository}",
+            lambda: self._send("POST", self._url(f"/v2/{repository}/blobs/uploads/"), scope),
+        )
+        if "location" not in response.headers:
+            raise RegistryError(f"{self.base_url} opened an upload to {repository} without a Location")
+        return self._absolute(response.headers["location"])
+
+    def _upload_state(self, repository: str, location: str, scope: str) -> tuple[str, int]:
+        """Where an upload session stands: (its URL, the bytes the registry has); a session the
+        registry forgot is replaced by a new one."""
+        try:
+            response = self._send("GET", location, scope)
+        except NetworkError:
+            return location, -1
+        if response.status_code == 204:
+            # "Range: 0-<last byte>"; distribution says 0-0 for an empty session too (chunks are never 1 byte).
+            last = int(response.headers.get("range", "0-0").rpartition("-")[2] or 0)
+            return self._absolute(response.headers.get("location", location)), last + 1 if last > 0 else 0
+        if response.status_code in RETRY_STATUSES:
+            return location, -1
+        return self._start_upload(repository, scope), 0
+
+    def _push_chunked(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+        """POST, PATCH chunks in order, PUT with the digest (the OCI distribution spec's chunked upload).
+        After a failed chunk the session's Range says where to go on; only that chunk is sent again."""
+        scope = f"repository:{repository}:pull,push"
+        what = f"cannot upload {descriptor.digest} to {repository}"
+        location, offset, failures = self._start_upload(repository, scope), 0, 0
+        with open_body() as body:
+            while offset < descriptor.size:
+                body.seek(offset)
+                chunk = body.read(min(self.chunk_size, descriptor.size - offset))
+                headers = {
+                    "Content-Type": "application/octet-stream",
+                    "Content-Range": f"{offset}-{offset + len(chunk) - 1}",
+                    "Content-Length": str(len(chunk)),
+                }
+                try:
+                    response: requests.Response | None = self._send(
+                        "PATCH", location, scope, data=chunk, headers=headers
+                    )
+                except NetworkError:
+                    response = None
+                if response is not None and response.status_code == 202:
+                    location, offset, failures = (
+                        self._absolute(response.headers.get("location", location)),
+                        offset + len(chunk),
+                        0,
+                    )
+                    continue
+                if response is not None and response.status_code not in RETRY_STATUSES:
+                    self._check(response, what)
+                failures += 1
+                if failures >= self.policy.attempts:
+                    raise NetworkError(f"{what}: {failures} tries failed at byte {offset}", "try again later")
+                self.sleep(self.policy.delay(failures))
+                location, known = self._upload_state(repository, location, scope)
+                offset = offset if known < 0 else known
+        self._with_retries(
+            what,
+            lambda: self._send(
+                "PUT", _with_digest(location, descriptor.digest), scope, headers={"Content-Length": "0"}
+            ),
+        )
 
     def put_manifest(self, repository: str, reference: str, media_type: str, data: bytes) -> requests.Response:
         """Put the manifest's exact bytes under ``reference`` (a tag or its digest), refusing a registry
@@ -322,6 +400,10 @@ class RegistryClient:
                 f"{repository}:{reference} was stored as {stored}, not {digest}", "the registry altered the manifest"
             )
         return response
+
+
+def _with_digest(location: str, digest: str) -> str:
+    return f"{location}{'&' if '?' in location else '?'}digest={digest}"
 
 
 @dataclass(frozen=True)
