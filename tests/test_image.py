@@ -582,6 +582,8 @@ def test_lock_image_pins_the_amd64_manifest_of_the_base(
 
 def test_user_errors_are_one_line(base_published: RegistryServer, locked: Path, tmp_path: Path) -> None:
     common = ("--recipes", locked, "--cache-dir", tmp_path / "cache", "--repo", TEST_REPO)
+    forced = run_cli("bundle", TARGET, *common, "--force", "image")
+    assert_one_line_error(forced, "--force image redoes the image stage", "add --image")
     no_archive = run_cli("image", TARGET, *common, "--no-archive")
     assert_one_line_error(no_archive, "the image needs the release stage", "drop --no-archive")
     bad_push = run_cli("bundle", TARGET, *common, "--push", "vllm-rocm")

@@ -327,6 +327,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     recipes.channel(args.channel)
     check_stage_names(args.force_stage)
     wants_image = args.image or bool(args.push)
+    if "image" in args.force_stage and not wants_image:
+        raise RecipeError("--force image redoes the image stage, which runs only with --image", "add --image")
     if wants_image and args.no_archive:
         raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
     if args.push:
@@ -446,9 +448,7 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
     if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
         raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
-    with_image = any(
-        arg in ("--image", "--registry-mirror") or arg.startswith("--registry-mirror=") for arg in args.bundle_args
-    )
+    with_image = "--image" in args.bundle_args
     first, second = build_twice([args.target, *args.bundle_args], args.work)
     differences = compare_asset_dirs(first, second)
     images = [tag_dir.parent.parent / "build" / args.target / "image" for tag_dir in (first, second)]
