@@ -566,6 +566,12 @@ def test_lock_image_pins_the_amd64_manifest_of_the_base(
     common = ("--recipes", recipes, "--cache-dir", tmp_path / "cache", "--repo", TEST_REPO, "--locked")
     tampered = run_cli("image", TARGET, *common, "--registry-mirror", base_published.host)
     assert_one_line_error(tampered, "does not list the blobs of the manifest", "edited by hand")
+    # A digest that is not one (a path, say) is refused before it names any file.
+    escaping = dict(lock, config=dict(lock["config"], digest="sha256:../../../../escaped"))
+    (recipes / "locks" / "image-base.json").write_text(json.dumps(escaping))
+    refused = run_cli("image", TARGET, *common, "--registry-mirror", base_published.host)
+    assert_one_line_error(refused, "'sha256:../../../../escaped' is not a sha256 digest")
+    assert not list(tmp_path.rglob("escaped*"))
     # --offline with the base not in the cache: one line, no network.
     (recipes / "locks" / "image-base.json").write_text(json.dumps(lock))
     offline = run_cli("image", TARGET, *common[:2], "--cache-dir", tmp_path / "empty", *common[4:], "--offline")

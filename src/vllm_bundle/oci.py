@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +53,7 @@ LAYER_TYPES = {
     "application/vnd.oci.image.layer.v1.tar": "application/vnd.oci.image.layer.v1.tar",
 }
 REF_NAME = "org.opencontainers.image.ref.name"
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 LAYER_NAME = "dev.vllm-bundle.layer"
 
 
@@ -86,7 +88,12 @@ class Descriptor:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Descriptor:
-        return cls(str(doc["mediaType"]), str(doc["digest"]), int(doc["size"]), dict(doc.get("annotations") or {}))
+        """A descriptor read from a lock, a registry or a layout: its digest names files, so anything but
+        ``sha256:<64 hex>`` is refused before it is used."""
+        digest = str(doc["digest"])
+        if not DIGEST.fullmatch(digest):
+            raise ImageError(f"{digest!r} is not a sha256 digest", "lock again from a registry you trust")
+        return cls(str(doc["mediaType"]), digest, int(doc["size"]), dict(doc.get("annotations") or {}))
 
 
 @dataclass(frozen=True)

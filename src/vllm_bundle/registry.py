@@ -499,7 +499,7 @@ def platform_manifest(
     for entry in entries:
         found = entry.get("platform") or {}
         if all(found.get(key) == value for key, value in platform.items()):
-            child, child_type, child_digest = client.manifest(repository, entry["digest"])
+            child, child_type, child_digest = client.manifest(repository, Descriptor.from_json(entry).digest)
             return child, child_type, child_digest, digest
     wanted = "/".join(platform.values())
     raise RegistryError(f"{repository}:{reference} has no image for {wanted}", "choose a base image that has one")
