@@ -430,7 +430,7 @@ def _publish_image(
         destination = Reference(destination.registry, destination.repository, tag)
         client = RegistryClient(url, _policy(args))
         result = push_layout(image_dir / LAYOUT, destination, client, print)
-        sent = f"{result.uploaded} blobs sent, {result.skipped} already there"
+        sent = f"{result.uploaded} blob{'' if result.uploaded == 1 else 's'} sent, {result.skipped} already there"
         print(f"pushed {result.reference}@{result.digest} ({sent})")
         subject = Descriptor(MANIFEST, digest, int(record["size"]))
         sbom = release_dir / f"{tag}-x64.cdx.json"
