@@ -683,3 +683,21 @@ def test_a_bad_image_recipe_is_one_line(tmp_path: Path, edits: list[tuple[str, s
     recipe.write_text(text)
     result = run_cli("lock", "--image", "--recipes", recipes, "--registry-mirror", "127.0.0.1:9")
     assert_one_line_error(result, message)
+
+
+def test_kserve_manifests_for_an_older_vllm_set_the_backend_by_environment(tmp_path: Path) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    from vllm_bundle.kserve import render_kserve
+    from vllm_bundle.recipes import AttentionRule
+
+    rule = AttentionRule(SpecifierSet("<0.13"), "TRITON_ATTN", None, "VLLM_ATTENTION_BACKEND")
+    image = "ghcr.io/example/vllm-rocm:v@sha256:" + "1" * 64
+    runtime_path, service_path = render_kserve(image, "gfx110X", rule, tmp_path)
+    runtime = yaml.safe_load(runtime_path.read_text())
+    check_against_model(runtime, "V1alpha1ServingRuntime", "runtime")
+    check_against_model(yaml.safe_load(service_path.read_text()), "V1beta1InferenceService", "service")
+    (container,) = runtime["spec"]["containers"]
+    assert container["env"] == [{"name": "VLLM_ATTENTION_BACKEND", "value": "TRITON_ATTN"}]
+    assert not any("attention" in arg for arg in container["args"])
+    assert runtime["metadata"]["name"] == "vllm-rocm-gfx110x", "Kubernetes names are lower case"

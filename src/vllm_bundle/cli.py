@@ -417,7 +417,8 @@ def _publish_image(
 ) -> None:
     """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
     for it, pinned by digest."""
-    from vllm_bundle.image import LAYOUT, image_reference, read_image_record, render_kserve
+    from vllm_bundle.image import LAYOUT, image_reference, read_image_record
+    from vllm_bundle.kserve import render_kserve
     from vllm_bundle.oci import MANIFEST, Descriptor
     from vllm_bundle.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
 

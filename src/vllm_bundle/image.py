@@ -3,7 +3,7 @@
 recipes/image.toml     the base reference, where the bundle goes, its environment, the layer rules
 locks/image-base.json  the base resolved by the lock step: manifest digest, config and layer blobs
 build/<target>/image/  oci/ (the image layout) and image.json (tag, digest, size, vLLM version, date)
-build/<target>/kserve/ the ServingRuntime and InferenceService for the image (rendered after a push)
+build/<target>/kserve/ the ServingRuntime and InferenceService for the image (see :mod:`vllm_bundle.kserve`)
 
 The base is pinned like every other input: the lock names its manifest and blob digests; a build
 downloads those blobs into the verified cache (or finds them there) and never asks for a tag.
@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
-from string import Template
 from typing import Any
 
 from vllm_bundle.archive import archiver
@@ -26,7 +24,7 @@ from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import dump_json, read_json
 from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, sha256_digest, write_image
 from vllm_bundle.paths import checkout_git
-from vllm_bundle.recipes import AttentionRule, Table, read_toml
+from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirrored, platform_manifest
 from vllm_bundle.stage import StageResult, run_stage
 from vllm_bundle.transport import RetryPolicy
@@ -36,8 +34,6 @@ RECIPE = "image.toml"
 BASE_LOCK = "image-base.json"
 LAYOUT = "oci"
 IMAGE_JSON = "image.json"
-KSERVE_TEMPLATES = ("servingruntime.yaml", "inferenceservice.yaml")
-KSERVE_PORT = 8080  # KServe's convention for a runtime's HTTP port
 
 
 @dataclass(frozen=True)
@@ -311,41 +307,6 @@ def image_stage(
 def read_image_record(image_dir: Path) -> dict[str, Any]:
     """image.json of an image stage's output: tag, digest, size, vLLM version."""
     return read_json(image_dir / IMAGE_JSON)
-
-
-# -- KServe ---------------------------------------------------------------------------------------
-
-
-def kserve_templates() -> dict[str, str]:
-    folder = resources.files("vllm_bundle").joinpath("kserve_data")
-    return {name: folder.joinpath(name).read_text() for name in KSERVE_TEMPLATES}
-
-
-def attention_args(rule: AttentionRule) -> tuple[list[str], list[dict[str, str]]]:
-    """How the runtime states the Triton attention default: a flag, or (older vLLM) an env variable."""
-    if rule.flag:
-        return [f"{rule.flag}={rule.backend}"], []
-    return [], [{"name": str(rule.env), "value": rule.backend}]
-
-
-def render_kserve(image: str, target: str, attention: AttentionRule, out: Path) -> list[Path]:
-    """The ServingRuntime and InferenceService examples with the image pinned by digest."""
-    flags, env = attention_args(attention)
-    args = [f"--port={KSERVE_PORT}", "--model=/mnt/models", "--served-model-name={{.Name}}", *flags]
-    values = {
-        "IMAGE": image,
-        "TARGET": target.lower(),
-        "PORT": str(KSERVE_PORT),
-        "ARGS": json.dumps(args),
-        "ENV": json.dumps(env),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in kserve_templates().items():
-        path = out / name
-        atomic_write(path, Template(text).substitute(values).encode())
-        written.append(path)
-    return written
 
 
 def image_reference(repository: str, repo: str, tag: str, digest: str) -> str:
