@@ -284,6 +284,7 @@ class _FlakyProxy(BaseHTTPRequestHandler):
     seen: ClassVar[list[str]] = []
     body_bytes: ClassVar[dict[str, int]] = {}
     token: ClassVar[str | None] = None
+    garble: ClassVar[frozenset[str]] = frozenset()  # kinds whose answers become an HTML page
 
     def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
         self.send_response(status)
@@ -335,6 +336,9 @@ class _FlakyProxy(BaseHTTPRequestHandler):
         answer = requests.request(
             self.command, self.target + self.path, data=body, headers=headers, timeout=30, allow_redirects=False
         )
+        if kind in self.garble:
+            self._answer(200, b"<html>a captive portal</html>", Content_Type=answer.headers.get("content-type", ""))
+            return
         self.send_response(answer.status_code)
         for key, value in answer.headers.items():
             if key.lower() in ("content-length", "transfer-encoding", "connection", "content-encoding"):
@@ -701,3 +705,19 @@ def test_kserve_manifests_for_an_older_vllm_set_the_backend_by_environment(tmp_p
     assert container["env"] == [{"name": "VLLM_ATTENTION_BACKEND", "value": "TRITON_ATTN"}]
     assert not any("attention" in arg for arg in container["args"])
     assert runtime["metadata"]["name"] == "vllm-rocm-gfx110x", "Kubernetes names are lower case"
+
+
+def test_a_registry_answering_html_for_a_manifest_is_one_line(base_published: RegistryServer, tmp_path: Path) -> None:
+    class Proxy(_FlakyProxy):
+        target = base_published.url
+        faults: ClassVar[dict[str, int]] = {}
+        seen: ClassVar[list[str]] = []
+        garble = frozenset({"GET manifest"})
+
+    recipes = copy_recipes(tmp_path / "recipes")
+    with proxy(Proxy) as host:
+        result = run_cli(
+            "lock", "--image", "--recipes", recipes, "--registry-mirror", host, "--cache-dir", tmp_path / "c"
+        )
+    assert_one_line_error(result, "ubi10/ubi-minimal:latest is not a JSON document", "check the registry address")
+    assert not (recipes / "locks" / "image-base.json").exists()

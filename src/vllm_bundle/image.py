@@ -25,7 +25,14 @@ from vllm_bundle.manifests import dump_json, read_json
 from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, sha256_digest, write_image
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import Table, read_toml
-from vllm_bundle.registry import Reference, RegistryClient, RegistryError, mirrored, platform_manifest
+from vllm_bundle.registry import (
+    Reference,
+    RegistryClient,
+    RegistryError,
+    mirrored,
+    parse_document,
+    platform_manifest,
+)
 from vllm_bundle.stage import StageResult, run_stage
 from vllm_bundle.transport import RetryPolicy
 
@@ -155,10 +162,13 @@ def _keep(cache: Cache, data: bytes) -> None:
     cache.commit(partial, sha256)
 
 
-def _manifest_blobs(data: bytes) -> tuple[Descriptor, tuple[Descriptor, ...]]:
-    manifest = json.loads(data)
-    config = Descriptor.from_json(manifest["config"])
-    return config, tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
+def _manifest_blobs(data: bytes, what: str) -> tuple[Descriptor, tuple[Descriptor, ...]]:
+    manifest = parse_document(data, what)
+    try:
+        config = Descriptor.from_json(manifest["config"])
+        return config, tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
+    except (KeyError, TypeError, ValueError):
+        raise RegistryError(f"{what} is not an image manifest (no config or layers)", "lock another base") from None
 
 
 def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | None, policy: RetryPolicy) -> BaseLock:
@@ -168,8 +178,8 @@ def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | 
     data, media_type, digest, index = platform_manifest(
         client, reference.repository, reference.reference, recipe.platform
     )
-    config, layers = _manifest_blobs(data)
-    config_doc = json.loads(client.blob_bytes(reference.repository, config, cache))
+    config, layers = _manifest_blobs(data, str(recipe.base))
+    config_doc = parse_document(client.blob_bytes(reference.repository, config, cache), f"{recipe.base} config")
     diff_ids = (config_doc.get("rootfs") or {}).get("diff_ids") or []
     if len(diff_ids) != len(layers):
         raise RegistryError(f"{recipe.base}: its config lists {len(diff_ids)} layers, its manifest {len(layers)}")
@@ -198,14 +208,14 @@ def fetch_base(
     if lock.manifest in missing:
         data, _, _ = client.manifest(reference.repository, lock.manifest.digest)  # verified against the digest
         _keep(cache, data)
-    config, layers = _manifest_blobs(manifest_path.read_bytes())
+    config, layers = _manifest_blobs(manifest_path.read_bytes(), lock.reference)
     if (config.digest, [layer.digest for layer in layers]) != (lock.config.digest, [x.digest for x in lock.layers]):
         raise LockOutOfDateError(
             f"the image base lock does not list the blobs of the manifest {lock.manifest.digest} it pins",
             "run `vllm-bundle lock --image` (was the lock edited by hand?)",
         )
     paths = {blob.digest: client.blob_into(reference.repository, blob, cache) for blob in blobs[1:]}
-    config_doc = json.loads(paths[lock.config.digest].read_bytes())
+    config_doc = parse_document(paths[lock.config.digest].read_bytes(), f"{lock.reference} config")
     return BaseImage(
         lock.reference, lock.manifest.digest, config_doc, [(layer, paths[layer.digest]) for layer in lock.layers]
     )

@@ -1,6 +1,9 @@
 """A client of the OCI distribution API: resolve a reference to a manifest, download blobs into the
 verified cache, and push an image layout with retries.
 
+Base image blobs come through this client rather than the Fetcher because registries hand out a token
+per repository; they land in the same verified, content-addressed cache.
+
 Hand-written on the project's requests session rather than oras-py: oras-py reads a whole blob into
 memory for a monolithic upload (a ROCm layer is gigabytes), re-serialises manifests (their digest
 would change on the way), and retries with a fixed sleep that ignores Retry-After. The protocol
@@ -198,7 +201,7 @@ class RegistryClient:
         try:
             errors = response.json().get("errors") or []
             detail = "; ".join(str(e.get("message") or e.get("code")) for e in errors)
-        except ValueError:
+        except (ValueError, AttributeError, TypeError):  # an error page that is not the spec's JSON
             pass
         hint = "check the credentials and that the repository exists" if response.status_code in (401, 403, 404) else ""
         raise RegistryError(f"{what}: HTTP {response.status_code}{': ' + detail if detail else ''}", hint)
@@ -330,7 +333,10 @@ class RegistryClient:
             return location, -1
         if response.status_code == 204:
             # "Range: 0-<last byte>"; distribution says 0-0 for an empty session too (chunks are never 1 byte).
-            last = int(response.headers.get("range", "0-0").rpartition("-")[2] or 0)
+            end = response.headers.get("range", "0-0").rpartition("-")[2]
+            if not end.isdigit():  # a Range this client cannot read: go on from where it was
+                return location, -1
+            last = int(end)
             return self._absolute(response.headers.get("location", location)), last + 1 if last > 0 else 0
         if response.status_code in RETRY_STATUSES:
             return location, -1
@@ -431,6 +437,17 @@ def push_layout(layout: Path, destination: Reference, client: RegistryClient, sa
     return PushResult(destination, manifest.digest, uploaded, skipped)
 
 
+def parse_document(data: bytes, what: str) -> dict[str, Any]:
+    """A manifest, index or config as a JSON object, or one line saying the registry sent something else."""
+    try:
+        document = json.loads(data)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise RegistryError(f"{what} is not a JSON document (got {data[:60]!r})", "check the registry address")
+    return document
+
+
 EMPTY_CONFIG = b"{}"
 EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
 CYCLONEDX = "application/vnd.cyclonedx+json"
@@ -479,7 +496,7 @@ def _add_to_referrers_tag(client: RegistryClient, repository: str, subject: str,
     tag = subject.replace(":", "-")
     try:
         data, _, _ = client.manifest(repository, tag)
-        index = json.loads(data)
+        index = parse_document(data, f"{repository}:{tag}")
     except RegistryError:
         index = {"schemaVersion": 2, "mediaType": INDEX, "manifests": []}
     if any(item.get("digest") == entry["digest"] for item in index.get("manifests", [])):
@@ -495,7 +512,7 @@ def platform_manifest(
     data, media_type, digest = client.manifest(repository, reference)
     if media_type not in (INDEX, DOCKER_LIST):
         return data, media_type, digest, None
-    entries = json.loads(data).get("manifests") or []
+    entries = parse_document(data, f"{repository}:{reference}").get("manifests") or []
     for entry in entries:
         found = entry.get("platform") or {}
         if all(found.get(key) == value for key, value in platform.items()):
