@@ -22,7 +22,7 @@ from vllm_bundle.cache import Cache
 from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError
 from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import dump_json, read_json
-from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, sha256_digest, write_image
+from vllm_bundle.oci import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, sha256_digest, write_image
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.registry import (
@@ -256,7 +256,7 @@ def image_spec(
     }
     annotations = {
         **{key: value for key, value in labels.items() if key != "org.opencontainers.image.ref.name"},
-        "org.opencontainers.image.created": _created(source_date),
+        "org.opencontainers.image.created": iso_time(source_date),
         "dev.vllm-bundle.target": target,
         "dev.vllm-bundle.isas": ",".join(sorted(isas)),
         "dev.vllm-bundle.vllm": versions["vllm"],
@@ -273,12 +273,6 @@ def image_spec(
         tag=tag,
         platform=recipe.platform,
     )
-
-
-def _created(epoch: int) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def image_stage(

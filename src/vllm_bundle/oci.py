@@ -267,7 +267,8 @@ def write_layer(
     return final, compressed.size, digest, "sha256:" + plain.digest.hexdigest()
 
 
-def _iso(epoch: int) -> str:
+def iso_time(epoch: int) -> str:
+    """The OCI spec's RFC 3339 form of a source date."""
     return datetime.fromtimestamp(epoch, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -289,7 +290,7 @@ def image_config(base: BaseImage, spec: ImageSpec, diff_ids: Sequence[str], laye
             f"{len(base.layers)} in its manifest",
             "lock another base image",
         )
-    created = _iso(spec.source_date)
+    created = iso_time(spec.source_date)
     run = {key: value for key, value in base_run.items() if key not in ("Cmd", "Entrypoint", "Healthcheck")}
     run["Entrypoint"] = list(spec.entrypoint)
     run["Env"] = _merged_env(base_run.get("Env") or [], spec.env)

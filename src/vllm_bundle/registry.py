@@ -81,10 +81,12 @@ class Reference:
         if match is None or (
             "." not in match["registry"] and ":" not in match["registry"] and match["registry"] != "localhost"
         ):
-            lower = text.split("/", 1)[-1].split(":")[0] != text.split("/", 1)[-1].split(":")[0].lower()
+            repository = text.split("/", 1)[-1].split(":")[0]
             raise RegistryError(
                 f"{text!r} is not an image reference of the form REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]",
-                "repository names are lower case" if lower else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
+                "repository names are lower case"
+                if repository != repository.lower()
+                else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
             )
         return cls(match["registry"], match["repository"], match["tag"], match["digest"])
 
@@ -219,7 +221,7 @@ class RegistryClient:
         )
         self._check(response, f"cannot read the manifest {repository}:{reference}")
         data = response.content
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        digest = sha256_digest(data)
         if reference.startswith("sha256:") and digest != reference:
             raise HashMismatchError(f"the manifest {repository}@{reference} arrived with digest {digest}", "try again")
         media_type = response.headers.get("content-type", "").split(";")[0].strip()
