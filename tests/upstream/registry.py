@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+
+from vllm_bundle.gpu_qualify import free_port
 
 REGISTRY_BINARIES = ("docker-registry", "registry")
 INSTALL_HINT = "install Debian's docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)"
@@ -39,13 +40,6 @@ def require_tools() -> tuple[str, str]:
     return registry, skopeo
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass
 class RegistryServer:
     """``docker-registry serve`` with its storage in ``root``, listening on a free loopback port."""
@@ -57,7 +51,7 @@ class RegistryServer:
 
     def start(self) -> RegistryServer:
         binary, _ = require_tools()
-        self.port = _free_port()
+        self.port = free_port()
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "config.yml"
         config.write_text(
