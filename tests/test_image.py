@@ -721,3 +721,13 @@ def test_a_registry_answering_html_for_a_manifest_is_one_line(base_published: Re
         )
     assert_one_line_error(result, "ubi10/ubi-minimal:latest is not a JSON document", "check the registry address")
     assert not (recipes / "locks" / "image-base.json").exists()
+
+
+@pytest.mark.parametrize(
+    "doc", [{"digest": "sha256:" + "a" * 64}, {"mediaType": "x", "digest": "sha256:" + "a" * 64, "size": "big"}, []]
+)
+def test_a_descriptor_that_is_not_one_is_refused_in_one_error(doc: Any) -> None:
+    from vllm_bundle.oci import Descriptor, ImageError
+
+    with pytest.raises(ImageError, match="not an OCI descriptor"):
+        Descriptor.from_json(doc)

@@ -90,10 +90,16 @@ class Descriptor:
     def from_json(cls, doc: Mapping[str, Any]) -> Descriptor:
         """A descriptor read from a lock, a registry or a layout: its digest names files, so anything but
         ``sha256:<64 hex>`` is refused before it is used."""
-        digest = str(doc["digest"])
+        try:
+            digest, media_type, size = str(doc["digest"]), str(doc["mediaType"]), int(doc["size"])
+            annotations = dict(doc.get("annotations") or {})
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ImageError(
+                f"not an OCI descriptor: {str(doc)[:120]}", "lock again from a registry you trust"
+            ) from None
         if not DIGEST.fullmatch(digest):
             raise ImageError(f"{digest!r} is not a sha256 digest", "lock again from a registry you trust")
-        return cls(str(doc["mediaType"]), digest, int(doc["size"]), dict(doc.get("annotations") or {}))
+        return cls(media_type, digest, size, annotations)
 
 
 @dataclass(frozen=True)
