@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import py_compile
 import re
 import shutil
+import stat
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -161,6 +163,22 @@ def test_hunk_that_cannot_apply_names_the_differing_line_and_touches_nothing(
     ):
         assert part in message, (part, message)
     assert digest(tree, "CMakeLists.txt", PLATFORMS) == before, "the CMake patch, applied first, was not kept"
+
+
+def test_files_the_series_creates_have_the_same_mode_whatever_the_umask(
+    vllm_sdist: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A wheel records each file's mode: a file a patch creates (GNU patch makes it under the umask) is
+    0o644 on every builder, as the release's own files are."""
+    previous = os.umask(0o077)
+    try:
+        result = prepare(vllm_sdist, PINNED, tmp_path / "src")
+    finally:
+        os.umask(previous)
+    created = result.path / "vllm" / "platforms" / "_vllm_bundle_amdsmi.py"
+    assert stat.S_IMODE(created.stat().st_mode) == 0o644
+    release_mode = stat.S_IMODE((result.path / "vllm" / "__init__.py").stat().st_mode)
+    assert stat.S_IMODE((result.path / PLATFORMS).stat().st_mode) == release_mode, "patched files keep theirs"
 
 
 def test_version_without_a_variant_asks_for_a_port(old_tree: Path) -> None:

@@ -264,8 +264,12 @@ def apply_series(
         _check_archs(scratch, tree, series, version, required_isas)
         for name in touched:
             if (scratch / name).is_file():
+                created = not (tree / name).exists()
                 (tree / name).parent.mkdir(parents=True, exist_ok=True)
                 (scratch / name).replace(tree / name)
+                if created:  # patch made it under the umask; a wheel records modes: the same on every builder
+                    executable = (tree / name).stat().st_mode & 0o111
+                    (tree / name).chmod(0o755 if executable else 0o644)
     return outcomes
 
 
