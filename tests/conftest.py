@@ -29,6 +29,26 @@ TEST_CACHE = Path(os.environ.get("VLLM_BUNDLE_TEST_CACHE") or user_cache_dir("vl
 TEST_DOWNLOADS = Path(os.environ.get("VLLM_BUNDLE_TEST_DOWNLOADS") or TEST_CACHE / "downloads")
 
 
+POISON_CMAKE = """#!/bin/sh
+echo "error: a host cmake was run ($0 $*): the tests run with no host cmake, builds use the locked one" >&2
+exit 1
+"""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_host_cmake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite runs with no usable host cmake: the first ``cmake`` on PATH fails, naming itself. A vLLM
+    build that reached for a builder's own cmake instead of the locked one fails here, on every machine
+    (CI runners have a cmake new enough to hide that)."""
+    poison = tmp_path_factory.mktemp("no-host-cmake")
+    (poison / "cmake").write_text(POISON_CMAKE)
+    (poison / "cmake").chmod(0o755)
+    previous = os.environ["PATH"]
+    os.environ["PATH"] = f"{poison}{os.pathsep}{previous}"
+    yield
+    os.environ["PATH"] = previous
+
+
 @pytest.fixture(scope="session")
 def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     return build_fixture(tmp_path_factory.mktemp("upstream"), cache=TEST_CACHE / "fixture")

@@ -1,9 +1,10 @@
-"""The ROCm build environment of vLLM, variable by variable, and the Python-only fallback."""
+"""The environment of vLLM's build, variable by variable: only what the recipe and lock say, nothing of
+the builder's."""
 
 from __future__ import annotations
 
 import os
-import sys
+import shlex
 from pathlib import Path
 
 import pytest
@@ -11,30 +12,89 @@ import pytest
 from tests.conftest import REPO
 from vllm_bundle import vllm_build
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.vllm_build import build_environment, max_jobs, rocm_build_env, rocm_sdk_root
+from vllm_bundle.vllm_build import (
+    DEAD_PROXY,
+    HIP_LAUNCHER,
+    MAPPED_PREFIX,
+    RocmInputs,
+    base_environment,
+    max_jobs,
+    rocm_environment,
+)
 
 RECIPES = load_recipes(REPO / "recipes")
-SDK = Path("/opt/bundle/lib/python3.12/site-packages/_rocm_sdk_core")
 
 
-@pytest.mark.parametrize(
-    ("target", "arch"),
-    [("gfx1151", "gfx1151"), ("gfx110X", "gfx1100;gfx1101;gfx1102;gfx1103")],
-)
-def test_rocm_build_environment(target: str, arch: str) -> None:
-    env = rocm_build_env(RECIPES.target(target), SDK, jobs=3)
-    assert env == {
-        "VLLM_TARGET_DEVICE": "rocm",
-        "PYTORCH_ROCM_ARCH": arch,
-        "ROCM_PATH": str(SDK),
-        "HIP_PATH": str(SDK),
-        "ROCM_HOME": str(SDK),
-        "CC": str(SDK / "lib/llvm/bin/amdclang"),
-        "CXX": str(SDK / "lib/llvm/bin/amdclang++"),
-        "HIP_DEVICE_LIB_PATH": str(SDK / "lib/llvm/amdgcn/bitcode"),
-        "CMAKE_PREFIX_PATH": str(SDK / "lib/cmake"),
-        "MAX_JOBS": "3",
+def _devel(tmp_path: Path) -> Path:
+    devel = tmp_path / "build dir" / ".vllm-wheel.build" / "site" / "_rocm_sdk_devel"
+    (devel / "lib" / "llvm" / "bin").mkdir(parents=True)
+    for name in ("clang", "clang++"):
+        (devel / "lib" / "llvm" / "bin" / name).touch()
+    return devel
+
+
+def _rocm(tmp_path: Path) -> RocmInputs:
+    rule = RECIPES.vllm.extension_rule()
+    return RocmInputs(tmp_path, {}, None, "python/triton_kernels/triton_kernels", "Release", rule)
+
+
+@pytest.mark.parametrize(("target", "arch"), [("gfx1151", "gfx1151"), ("gfx110X", "gfx1100;gfx1101;gfx1102;gfx1103")])
+def test_rocm_build_environment(tmp_path: Path, target: str, arch: str) -> None:
+    devel, core = _devel(tmp_path), tmp_path / "site" / "_rocm_sdk_core"
+    root = tmp_path / "build dir"
+    kernels = tmp_path / "kernels"
+    env = rocm_environment(RECIPES.target(target), devel, core, _rocm(tmp_path), kernels, root)
+    llvm = devel / "lib" / "llvm" / "bin"
+    assert env["VLLM_TARGET_DEVICE"] == "rocm" and env["PYTORCH_ROCM_ARCH"] == arch
+    assert env["ROCM_PATH"] == env["ROCM_HOME"] == env["HIP_PATH"] == str(devel), "the devel tree is the ROCm root"
+    assert env["HIPCXX"] == env["CXX"] == str(llvm / "clang++") and env["CC"] == str(llvm / "clang")
+    assert env["HIP_DEVICE_LIB_PATH"] == str(core / "lib/llvm/amdgcn/bitcode"), "as vLLM's Dockerfile.rocm_base"
+    assert env["CMAKE_PREFIX_PATH"] == str(devel / "lib/cmake") and env["CMAKE_BUILD_TYPE"] == "Release"
+    assert env["TRITON_KERNELS_SRC_DIR"] == str(kernels)
+    for flags in ("CFLAGS", "CXXFLAGS", "HIPFLAGS"):
+        assert shlex.split(env[flags]) == [f"-ffile-prefix-map={root}={MAPPED_PREFIX}"], "quoted: the path has a space"
+    cmake_args = env["CMAKE_ARGS"].split()  # setup.py splits it at spaces
+    assert cmake_args == [
+        "-DCMAKE_C_COMPILER_LAUNCHER=",
+        "-DCMAKE_CXX_COMPILER_LAUNCHER=",
+        f"-DCMAKE_HIP_COMPILER_LAUNCHER={HIP_LAUNCHER}",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+    ]
+    assert env["VLLM_DISABLE_SCCACHE"] == "1"
+
+
+def test_the_sdk_without_its_compiler_is_one_line(tmp_path: Path) -> None:
+    devel = _devel(tmp_path)
+    (devel / "lib" / "llvm" / "bin" / "clang++").unlink()
+    with pytest.raises(vllm_build.BuildError, match=r"the ROCm SDK has no compiler at .*/lib/llvm/bin/clang\+\+"):
+        rocm_environment(RECIPES.target("gfx1151"), devel, tmp_path, _rocm(tmp_path), None, tmp_path)
+
+
+def test_nothing_of_the_builders_environment_leaks_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Variables that would change what vLLM builds (or fetch a prebuilt wheel) are not passed on."""
+    for name, value in {
+        "CMAKE_ARGS": "-DFOO=1",
+        "VLLM_USE_PRECOMPILED": "1",
+        "PYTORCH_ROCM_ARCH": "gfx90a",
+        "LD_LIBRARY_PATH": "/opt/rocm/lib",
+        "CMAKE_BUILD_TYPE": "Debug",
+        "CCACHE_DIR": "/ccache",
+        "PIP_INDEX_URL": "https://example.org/simple",
+        "https_proxy": "http://proxy.example:3128",
+    }.items():
+        monkeypatch.setenv(name, value)
+    env = base_environment(tmp_path, [tmp_path / "bin"], 1763596800, jobs=3)
+    assert set(env) == {
+        *("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "SOURCE_DATE_EPOCH", "MAX_JOBS"),
+        *("PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE", "PYTHONHASHSEED"),
+        *("PIP_NO_INDEX", "PIP_CONFIG_FILE", "PIP_DISABLE_PIP_VERSION_CHECK", "CARGO_NET_OFFLINE", "HF_HUB_OFFLINE"),
+        *("GIT_TERMINAL_PROMPT", "no_proxy", "NO_PROXY"),
+        *("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"),
     }
+    assert env["https_proxy"] == DEAD_PROXY and env["PIP_NO_INDEX"] == "1", "no network"
+    assert env["PATH"].startswith(f"{tmp_path / 'bin'}{os.pathsep}"), "the build's own tools first"
+    assert env["HOME"].startswith(str(tmp_path)) and env["TMPDIR"].startswith(str(tmp_path))
+    assert env["SOURCE_DATE_EPOCH"] == "1763596800" and env["MAX_JOBS"] == "3"
 
 
 def test_max_jobs_is_bounded_by_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,29 +104,3 @@ def test_max_jobs_is_bounded_by_cores_and_memory(monkeypatch: pytest.MonkeyPatch
     assert max_jobs() == 24 // vllm_build.GIB_PER_COMPILE_JOB
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert max_jobs() == 2
-
-
-def test_sdk_root_comes_from_rocm_sdk_path(tmp_path: Path) -> None:
-    """A build interpreter whose ``rocm_sdk`` answers ``path --root`` gives the ROCm environment."""
-    package = tmp_path / "site" / "rocm_sdk"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    sdk = tmp_path / "sdk root"
-    (sdk / "lib" / "llvm" / "bin").mkdir(parents=True)
-    (sdk / "lib" / "llvm" / "bin" / "amdclang").touch()
-    (package / "__main__.py").write_text(
-        f"import sys\nassert sys.argv[1:] == ['path', '--root'], sys.argv\nprint({str(sdk)!r})\n"
-    )
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH="{package.parent}" exec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    assert rocm_sdk_root(python) == sdk
-    env = build_environment(RECIPES.target("gfx1151"), python, jobs=2)
-    assert env["VLLM_TARGET_DEVICE"] == "rocm" and env["ROCM_PATH"] == str(sdk)
-    (sdk / "lib" / "llvm" / "bin" / "amdclang").unlink()
-    assert rocm_sdk_root(python) is None, "an SDK without its compiler cannot build HIP kernels"
-
-
-def test_without_the_sdk_the_build_is_python_only() -> None:
-    assert rocm_sdk_root(Path(sys.executable)) is None
-    assert build_environment(RECIPES.target("gfx1151"), Path(sys.executable)) == {"VLLM_TARGET_DEVICE": "empty"}

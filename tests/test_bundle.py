@@ -91,9 +91,9 @@ def test_bundle_tree_is_relocatable_and_pruned(built: Path, tmp_path: Path) -> N
     )
     assert out.stdout.strip() == str((root / "lib").resolve())
     moved_rocm_sdk = subprocess.run(
-        [str(root / "bin" / "rocm-sdk"), "path", "--root"], capture_output=True, text=True, env={}, check=True
+        [str(root / "bin" / "rocm-sdk"), "targets"], capture_output=True, text=True, env={}, check=True
     )
-    assert moved_rocm_sdk.stdout.strip().endswith("site-packages/_rocm_sdk_core")
+    assert "gfx1151" in moved_rocm_sdk.stdout.split(";"), "a console script runs from the moved bundle"
 
 
 def test_second_run_downloads_and_rebuilds_nothing(

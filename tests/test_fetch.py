@@ -264,7 +264,7 @@ def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) ->
 def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
     result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache", "--offline")
     last = assert_one_line_error(result, "--offline", "missing from the cache", "cpython-", "more")
-    assert re.search(r"22 artifact\(s\) missing .* and 14 more", last), last
+    assert re.search(r"26 artifact\(s\) missing .* and 18 more", last), last
 
 
 def test_cli_disk_full_is_one_line(upstream: UpstreamServer, tmp_path: Path, locked: Path) -> None:

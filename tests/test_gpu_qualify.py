@@ -21,6 +21,8 @@ from vllm_bundle.assemble import Layout
 from vllm_bundle.gpu_qualify import ServeOptions, run_probe, tier1_checks, tier2_checks
 from vllm_bundle.recipes import load_recipes
 
+RULE = load_recipes(Path(__file__).parents[1] / "recipes").vllm.extension_rule("0.33.0")
+
 FAKE_SERVER = Path(__file__).with_name("fake_openai.py")
 GOOD_PROBE = {"hip": "7.14.0", "devices": ["gfx1151"], "extensions": {"vllm._C": None, "vllm._rocm_C": None}}
 OPTIONS = ServeOptions(model="tiny-model", boot_timeout=20, request_timeout=10, poll_interval=0.1)
@@ -80,11 +82,13 @@ def test_tier1_failures_are_named(gfx1151: Any, probe: dict[str, Any], check: st
 
 
 def test_probe_runs_in_the_real_fixture_bundle(built: Path, gfx1151: Any) -> None:
-    """On this machine (no GPU, Python-only vLLM) the real probe runs and tier 1 refuses, naming why."""
+    """On this machine (no GPU) the real probe runs: vLLM's HIP extensions load (against the fake HIP
+    runtime), and tier 1 refuses because no GPU is visible, naming why."""
     probe = run_probe(Layout(built / "gfx1151" / "root", PYTHON_MINOR), timeout=120)
     assert "probe_error" not in probe, probe
+    assert sorted(probe["extensions"]) == sorted(f"vllm.{name}" for name in RULE.names), probe
     failed = _failed(tier1_checks(probe, gfx1151))
-    assert "no native extensions" in " ".join(failed["native-extensions"])
+    assert "native-extensions" not in failed, failed
     assert failed["gpu-visible"]
 
 

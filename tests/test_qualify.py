@@ -15,6 +15,7 @@ import zstandard
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from vllm_bundle.elf import set_runpath
+from vllm_bundle.records import refresh_records
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 
@@ -198,14 +199,86 @@ def _extension_with_fatbin(path: Path, fatbin: bytes) -> None:
     source.unlink()
 
 
+def _rerecord(root: Path, *changed: Path) -> None:
+    """The RECORD files made to match (what a re-packaged wheel would carry): only the kernels differ."""
+    refresh_records(root / SITE, set(changed))
+
+
 def test_vllm_extensions_must_carry_code_for_each_isa(bundle: Path, tmp_path: Path, locked: Path) -> None:
     extension = bundle / SITE / "vllm" / "_C.abi3.so"
     _extension_with_fatbin(extension, _offload_bundle(["gfx1100", "gfx1101"]))
+    _rerecord(bundle, extension)
     result = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
     assert_one_line_error(result, "vllm-device-code", "vllm/_C.abi3.so has no code objects for gfx1151")
     _extension_with_fatbin(extension, _compressed(_offload_bundle(["gfx1100", "gfx1151"])))
+    _rerecord(bundle, extension)
     passed = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
-    assert check["passed"] and "1 vLLM extensions carry code for gfx1151" in check["summary"]
+    assert check["passed"] and "7 vLLM extensions present; 4 carry code for gfx1151" in check["summary"]
+
+
+def _drop_extension(root: Path) -> None:
+    (root / SITE / "vllm" / "_rocm_C.abi3.so").unlink()
+    _rerecord(root)
+
+
+def _python_only(root: Path) -> None:
+    """A vLLM without its native code, in a bundle whose launcher says it was built for ROCm."""
+    for extension in (root / SITE / "vllm").glob("*.so"):
+        extension.unlink()
+    _rerecord(root)
+
+
+@pytest.mark.parametrize(
+    ("defect", "cause"),
+    [
+        (_drop_extension, "vllm/_rocm_C (a native extension of a ROCm build) is missing"),
+        (_python_only, "vllm/_C (a native extension of a ROCm build) is missing"),
+    ],
+)
+def test_a_rocm_bundle_without_vllms_kernels_fails(
+    bundle: Path, tmp_path: Path, locked: Path, defect: Callable[[Path], None], cause: str
+) -> None:
+    defect(bundle)
+    result = qualify(bundle, tmp_path, locked)
+    assert_one_line_error(result, "tier 0 qualification failed", "vllm-device-code", cause)
+
+
+def test_a_python_only_bundle_passes_only_when_its_launcher_says_so(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    _python_only(bundle)
+    launcher = bundle / "bin" / "vllm-server"
+    launcher.write_text(launcher.read_text().replace("# vLLM build: rocm", "# vLLM build: python-only"))
+    result = qualify(bundle, tmp_path, locked, "--warn-only")
+    report = json.loads((tmp_path / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
+    assert check["passed"] and "Python-only vLLM, built on request" in check["summary"], result.stdout
+
+
+def test_a_vllm_version_without_an_extension_rule_fails(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    components = recipes / "components.toml"
+    components.write_text(components.read_text().replace('versions = ">=0.33,<0.34"', 'versions = ">=0.34"'))
+    result = qualify(bundle, tmp_path, recipes)
+    assert_one_line_error(
+        result, "vllm-device-code", "no [[vllm.extensions]] entry in components.toml covers vLLM 0.33.0"
+    )
+
+
+def test_isas_clang_19_cannot_build_are_read_like_any_other(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    """gfx950 (CDNA4): no bundle of the suite is built for it, but tier 0 reads its code objects the same
+    way, plain and compressed."""
+    for name, fatbin in (
+        ("_C", _offload_bundle(["gfx950"])),
+        ("_C_stable_libtorch", _compressed(_offload_bundle(["gfx942", "gfx950"]))),
+        ("_moe_C_stable_libtorch", _offload_bundle(["gfx950"])),
+        ("_rocm_C", _compressed(_offload_bundle(["gfx950"]))),
+    ):
+        _extension_with_fatbin(bundle / SITE / "vllm" / f"{name}.abi3.so", fatbin)
+    _rerecord(bundle, *(bundle / SITE / "vllm").glob("*.so"))
+    qualify(bundle, tmp_path, locked, "--target", "gfx950", "--warn-only")
+    report = json.loads((tmp_path / "report.json").read_text())
+    (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
+    assert check["passed"] and "4 carry code for gfx950" in check["summary"], check

@@ -124,7 +124,7 @@ def test_manifests(assets: Path) -> None:
     release = json.loads((assets / "release.json").read_text())
     parts = parts_of(assets)
     assert release["tag"] == TAG and release["target"] == "gfx1151" and release["channel"] == "stable"
-    assert release["versions"]["vllm"] == "0.33.0+empty", "vLLM's local version part is kept here"
+    assert release["versions"]["vllm"] == "0.33.0+rocm714", "vLLM's local version part is kept here"
     assert release["versions"]["rocm"] == ROCM_VERSION
     assert set(release["versions"]) == {"python", "rocm", "torch", "triton", "vllm"}
     assert len(release["lock_sha256"]) == 64
@@ -160,7 +160,7 @@ def test_sbom(assets: Path) -> None:
     assert {"CPython (python-build-standalone)", "ROCm SDK (TheRock)", "PyTorch (TheRock)", "vLLM"} <= set(by_name)
     assert {"torch", "fastapi", "rocm-sdk-core", "vllm"} <= set(by_name)
     assert by_name["torch"]["hashes"][0]["alg"] == "SHA-256"
-    assert by_name["vLLM"]["version"] == "0.33.0+empty"
+    assert by_name["vLLM"]["version"] == "0.33.0+rocm714"
 
 
 def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:

@@ -418,7 +418,13 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
     partials = tmp_path / "cache" / "partial"
 
     def downloading() -> bool:
-        return any(p.stat().st_size > 200_000 for p in partials.glob("*.part")) if partials.is_dir() else False
+        for partial in partials.glob("*.part") if partials.is_dir() else []:
+            try:
+                if partial.stat().st_size > 200_000:
+                    return True
+            except FileNotFoundError:  # finished (renamed into the cache) since the glob
+                continue
+        return False
 
     seconds = _interrupt_when(process, downloading)
     _, err = process.communicate()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import tarfile
 import tomllib
 import zipfile
@@ -23,12 +24,17 @@ from tests.upstream.fixture import (
     THEROCK_MULTI_ARCH,
     THEROCK_NEXT,
     TORCH_VERSION,
+    TRITON_KERNELS_COMMIT,
     Fixture,
 )
 from tests.upstream.server import UpstreamServer
+from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
+from vllm_bundle.assemble import Layout, install_wheels
 from vllm_bundle.elf import dynamic_info
 from vllm_bundle.fetch import sha256_of
+from vllm_bundle.offload import fatbin_isas
 from vllm_bundle.recipes import load_recipes
+from vllm_bundle.triton_kernels import CMAKE_FILE, source_of
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 
@@ -79,6 +85,7 @@ def test_rocm_is_published_as_an_sdist_only_and_torch_requires_it(fixture_tree: 
 def test_the_lock_takes_the_sdk_by_its_wheels_and_pins_the_rocm_sdist(locked: Path, fixture_tree: Fixture) -> None:
     names = {p["name"] for p in _pylock(locked)["packages"]}
     assert "rocm" not in names and {"rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-devel"} <= names
+    assert _package(_pylock(locked), "rocm-sdk-devel")["marker"] == "'build' in dependency_groups", "build-only"
     lock = tomllib.loads((locked / "locks" / "stable" / "gfx1151.toml").read_text())
     (rocm,) = [a for a in lock["artifacts"] if a["role"] == "rocm-sdist"]
     assert rocm["filename"] == f"rocm-{ROCM_VERSION}.tar.gz"
@@ -276,3 +283,101 @@ def test_vllm_0_33_source_release_facts(vllm_sdist: VllmSdists) -> None:
     assert "command is deprecated" in texts["vllm/entrypoints/openai/api_server.py"]
     assert "if not is_rocm and in_wsl():" in texts["vllm/platforms/__init__.py"]
     assert TORCH_VERSION.startswith("2.12.0+rocm"), "the fixture's stable torch matches"
+
+
+def _sdist_texts(sdist: Path, version: str, names: set[str]) -> dict[str, str]:
+    texts: dict[str, str] = {}
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            name = member.name.removeprefix(f"vllm-{version}/")
+            if name in names:
+                texts[name] = archive.extractfile(member).read().decode()  # type: ignore[union-attr]
+    return texts
+
+
+def test_vllm_0_33_rocm_build_facts(vllm_sdist: VllmSdists) -> None:
+    """What the recipes and the fixture's build take from vLLM 0.33.0's own sources: its ROCm extensions,
+    the HIP ones among them, the triton_kernels commit the lock pins, the locked cmake's range, and what
+    setup.py does with cmake, ccache and the build type."""
+    sdist = vllm_sdist("0.33.0")
+    names = {"setup.py", "CMakeLists.txt", "requirements/build/rocm.txt", "docker/Dockerfile.rocm", CMAKE_FILE}
+    texts = _sdist_texts(sdist, "0.33.0", names)
+    rule = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0")
+    for name in rule.names:
+        assert f'CMakeExtension(name="vllm.{name}")' in texts["setup.py"], name
+    assert 'CMakeExtension(name="vllm._moe_C")' not in texts["setup.py"], "no _moe_C any more"
+    targets = re.findall(
+        r"define_extension_target\(\s*(\w+)\s+DESTINATION vllm\s+LANGUAGE (\S+)", texts["CMakeLists.txt"]
+    )
+    languages = dict(targets)
+    for name in rule.device_code:
+        assert languages[name] in ("HIP", "${VLLM_GPU_LANG}"), name
+    for name in set(rule.names) - set(rule.device_code):
+        assert languages[name] == "CXX", name
+    assert source_of(texts[CMAKE_FILE], CMAKE_FILE) == ("ROCm", "triton", TRITON_KERNELS_COMMIT)
+    assert f"ARG ROCM_TRITON_KERNELS_COMMIT={TRITON_KERNELS_COMMIT}" in texts["docker/Dockerfile.rocm"]
+    assert (
+        "https://codeload.github.com/ROCm/triton/tar.gz/${ROCM_TRITON_KERNELS_COMMIT}"
+        in texts["docker/Dockerfile.rocm"]
+    )
+    assert "cmake>=3.26.1,<4" in texts["requirements/build/rocm.txt"].splitlines()
+    setup = texts["setup.py"]
+    assert 'raise RuntimeError("Cannot find CMake executable")' in setup
+    assert 'default_cfg = "Debug" if self.debug else "RelWithDebInfo"' in setup
+    assert 'return which("ccache") is not None' in setup and 'os.environ.get("CMAKE_ARGS")' in setup
+    assert "-ffile-prefix-map" not in setup + texts["CMakeLists.txt"], "no prefix maps of its own"
+
+
+def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_packages(
+    built: Path, fixture_tree: Fixture, tmp_path: Path
+) -> None:
+    """How the fake SDK models TheRock's ``rocm_sdk`` (fake_rocm_devel.py): run with an interpreter, ``rocm-sdk
+    path --root`` writes into that interpreter's site-packages, other wheels' RECORD files included, which
+    is why the build never runs it in a cached stage."""
+    site_stage = Path(shutil.copytree(built / "gfx1151" / "site", tmp_path / "site", symlinks=True))
+    layout = Layout(site_stage, PYTHON_MINOR)
+    (devel_wheel,) = [p for p in fixture_tree.indexes[THEROCK_MULTI_ARCH] if p.name.startswith("rocm_sdk_devel-")]
+    install_wheels(layout, [devel_wheel])
+    device_record = next(layout.site.glob("rocm_sdk_device_gfx1151-*.dist-info")) / "RECORD"
+    before = device_record.read_text()
+    result = subprocess.run(
+        [str(layout.python), "-m", "rocm_sdk", "path", "--root"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    devel = layout.site / "_rocm_sdk_devel"
+    assert result.stdout.strip() == str(devel)
+    assert not (layout.site / "rocm_sdk_devel" / "_devel.tar").exists(), "the tarball is deleted"
+    record = (next(layout.site.glob("rocm_sdk_devel-*.dist-info")) / "RECORD").read_text()
+    assert "_rocm_sdk_devel/lib/cmake/hip-lang/hip-lang-config.cmake,," in record
+    assert device_record.read_text() != before, "another wheel's RECORD was appended to"
+    core_clang = layout.site / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang++"
+    assert (devel / "lib" / "llvm" / "bin" / "clang++").stat().st_ino == core_clang.stat().st_ino, "a hard link"
+    assert (devel / "bin" / "amdclang++").is_symlink() and (devel / "llvm").is_symlink()
+
+
+def test_clang_19_compiles_every_target_isa_but_gfx950(tmp_path: Path) -> None:
+    """The fake SDK's compiler is Debian's clang-19: real code objects for every target ISA the tests build
+    for; it does not know gfx950 (README: how gfx950 is covered)."""
+    (tmp_path / "hip").mkdir()
+    (tmp_path / "hip" / "hip_runtime.h").write_bytes(HIP_RUNTIME_H)
+    source = tmp_path / "k.hip"
+    source.write_text('#include <hip/hip_runtime.h>\nextern "C" __global__ void k(float *a) { a[0] = 1; }\n')
+    clang = host_compiler("clang++")
+    for isa in sorted(load_recipes(REPO / "recipes").all_isas):
+        command = [
+            clang,
+            "-x",
+            "hip",
+            f"--offload-arch={isa}",
+            "-nogpulib",
+            "-nogpuinc",
+            f"-I{tmp_path}",
+            "-c",
+            str(source),
+        ]
+        result = subprocess.run([*command, "-o", str(tmp_path / f"{isa}.o")], capture_output=True, text=True)
+        if isa == "gfx950":
+            assert result.returncode != 0 and "invalid target ID 'gfx950'" in result.stderr
+            continue
+        assert result.returncode == 0, result.stderr
+        assert fatbin_isas(tmp_path / f"{isa}.o") == {isa}

@@ -238,6 +238,7 @@ def test_python_only_wheel_holds_the_patched_files(
         PINNED,
         "--python",
         build_python,
+        "--python-only",
         "--build-dir",
         tmp_path / "build",
         "--cache-dir",
@@ -246,7 +247,7 @@ def test_python_only_wheel_holds_the_patched_files(
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "VLLM_TARGET_DEVICE=empty" in result.stdout
+    assert "(python-only)" in result.stdout
     (wheel,) = (tmp_path / "build" / "gfx1151" / "vllm-wheel").glob("vllm-*.whl")
     assert wheel.name.startswith(f"vllm-{PINNED}+empty-")
     with zipfile.ZipFile(wheel) as archive:
@@ -256,6 +257,12 @@ def test_python_only_wheel_holds_the_patched_files(
     assert "Requires-Dist: torch" not in metadata, "torch pins removed (TheRock's torch is used)"
     log = tmp_path / "build" / "gfx1151" / "logs" / "vllm-wheel.log"
     assert "removed from" in log.read_text()
+
+
+def test_the_standalone_wheel_verb_builds_python_only_only_when_asked(tmp_path: Path) -> None:
+    result = run_cli("vllm-wheel", "gfx1151", "--vllm", OLD_VLLM, "--build-dir", tmp_path / "build", "--plain")
+    assert_one_line_error(result, "vllm-wheel builds a Python-only wheel", "pass --python-only")
+    assert not (tmp_path / "build" / "gfx1151" / "vllm-src").exists(), "refused before anything is done"
 
 
 def test_failed_wheel_build_shows_the_log_tail(vllm_sdist: Callable[[str], Path], tmp_path: Path) -> None:
@@ -270,6 +277,7 @@ def test_failed_wheel_build_shows_the_log_tail(vllm_sdist: Callable[[str], Path]
         OLD_VLLM,
         "--python",
         sys.executable,
+        "--python-only",
         "--build-dir",
         tmp_path / "build",
         "--cache-dir",

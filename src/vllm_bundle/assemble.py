@@ -33,7 +33,7 @@ from vllm_bundle.records import refresh_records
 from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
 from vllm_bundle.stage import StageResult, run_stage
 
-STAGE_VERSION = 4
+STAGE_VERSION = 5
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
 CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
@@ -58,6 +58,16 @@ class Layout:
     def python(self) -> Path:
         return self.root / "bin" / f"python{self.minor}"
 
+    def scheme(self) -> dict[str, str]:
+        """Where pypa/installer puts each part of a wheel in this tree."""
+        return {
+            "purelib": str(self.site),
+            "platlib": str(self.site),
+            "headers": str(self.root / "include" / "site" / f"python{self.minor}"),
+            "scripts": str(self.root / "bin"),
+            "data": str(self.root),
+        }
+
 
 def link_tree(src: Path, dest: Path) -> None:
     """Copy a tree as hard links (symlinks kept as symlinks); dest must not exist."""
@@ -65,18 +75,13 @@ def link_tree(src: Path, dest: Path) -> None:
 
 
 def install_wheels(layout: Layout, wheels: Sequence[Path]) -> None:
-    destination = SchemeDictionaryDestination(
-        {
-            "purelib": str(layout.site),
-            "platlib": str(layout.site),
-            "headers": str(layout.root / "include" / "site" / f"python{layout.minor}"),
-            "scripts": str(layout.root / "bin"),
-            "data": str(layout.root),
-        },
-        # No spaces (installer would write its own trampoline): fix_shebangs replaces this line.
-        interpreter=f"/bin/python{layout.minor}",
-        script_kind="posix",
-    )
+    # No spaces (installer would write its own trampoline): fix_shebangs replaces this line.
+    install_into(layout.scheme(), f"/bin/python{layout.minor}", wheels)
+
+
+def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[Path]) -> None:
+    """Install ``wheels`` with pypa/installer into the ``scheme`` directories, each RECORD validated."""
+    destination = SchemeDictionaryDestination(dict(scheme), interpreter=interpreter, script_kind="posix")
     for wheel in wheels:
         try:
             with WheelFile.open(wheel) as source:
@@ -94,10 +99,11 @@ def expose_amd_smi(layout: Layout) -> bool:
     return True
 
 
-def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: int) -> Path:
+def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: int, target_family: str) -> Path:
     """A pure-Python wheel from a locked sdist (TheRock's ``rocm`` meta package, published only as an
-    sdist), built by uv with the setuptools of this tool's own locked environment, no network, and
-    ``SOURCE_DATE_EPOCH`` set: the same bytes on every machine."""
+    sdist), built by uv with the setuptools of this tool's own locked environment, no network,
+    ``SOURCE_DATE_EPOCH`` set and ``ROCM_SDK_TARGET_FAMILY`` given (else its setup.py asks this
+    machine's GPU through ``offload-arch``, rocm_sdk/_dist_info.py): the same bytes on every machine."""
     work = out_dir / f".build-{filename}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -105,7 +111,12 @@ def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: in
     shutil.copyfile(sdist, named)
     command = [uv.find_uv_bin(), "build", "--no-build-isolation", "--no-config", "--offline", "--wheel"]
     command += ["--python", sys.executable, "--out-dir", str(out_dir), str(named)]
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(source_date), "UV_PYTHON_DOWNLOADS": "never"}
+    env = {
+        **os.environ,
+        "SOURCE_DATE_EPOCH": str(source_date),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "ROCM_SDK_TARGET_FAMILY": target_family,
+    }
     before = set(out_dir.glob("*.whl"))
     result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     shutil.rmtree(work, ignore_errors=True)
@@ -124,16 +135,19 @@ def site_stage(
     force: bool = False,
     sdists: Mapping[Path, tuple[str, str]] | None = None,
     source_date: int = 0,
+    target_family: str = "",
 ) -> StageResult:
     """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
     the same name with other bytes redoes the stage); ``sdists``: cache blob -> (sha256, file name) of
-    locked source releases built into wheels here. Every input is checked before it is used."""
+    locked source releases built into wheels here. Every input is checked before it is used. Console
+    scripts get the relocatable trampoline here already: the vLLM build runs some (ninja)."""
     sdists = dict(sdists or {})
     inputs = {
         "python": python.key,
         "wheels": {path.name: sha for path, sha in sorted(wheels.items())},
         "sdists": {name: sha for sha, name in sorted(sdists.values())},
         "source_date": source_date,
+        "target_family": target_family,
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -144,12 +158,15 @@ def site_stage(
         built = tmp.parent / f".{tmp.name}.sdist-wheels"
         shutil.rmtree(built, ignore_errors=True)
         try:
-            from_sdists = [build_sdist_wheel(s, name, built, source_date) for s, (_, name) in sorted(sdists.items())]
+            from_sdists = [
+                build_sdist_wheel(s, name, built, source_date, target_family) for s, (_, name) in sorted(sdists.items())
+            ]
             link_tree(python.path, tmp)
             layout = Layout(tmp, minor)
             install_wheels(layout, [*wheels, *from_sdists])
         finally:
             shutil.rmtree(built, ignore_errors=True)
+        refresh_records(layout.site, set(fix_shebangs(tmp, f"python{minor}")))
         return {"wheels": len(wheels) + len(from_sdists), "amd_smi": expose_amd_smi(layout)}
 
     return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)
@@ -210,9 +227,12 @@ def root_stage(
     build_dir: Path,
     out: Path,
     force: bool = False,
+    vllm_build: str = "rocm",
 ) -> StageResult:
+    """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher."""
     inputs = {
         "app": app.key,
+        "vllm_build": vllm_build,
         "template": template_digest,
         "attention": attention.__dict__.__repr__(),
         "server": list(server.command),
@@ -231,6 +251,7 @@ def root_stage(
             vllm_version=vllm_version,
             target=target,
             server=server,
+            vllm_build=vllm_build,
         )
         launcher = tmp / "bin" / "vllm-server"
         launcher.write_text(text)

@@ -22,7 +22,7 @@ from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.launcher import template_text
 from vllm_bundle.locker import check_lock
-from vllm_bundle.lockfile import Lock, read_lock, wheel_artifacts
+from vllm_bundle.lockfile import Lock, build_only, read_lock, wheel_artifacts
 from vllm_bundle.manifests import check_repo, release_tag, sha256_file
 from vllm_bundle.oci import BaseImage
 from vllm_bundle.progress import human_size
@@ -32,7 +32,8 @@ from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_sta
 from vllm_bundle.recipes import Recipes
 from vllm_bundle.release import ReleaseOptions, release_stage, source_date
 from vllm_bundle.stage import StageResult, check_stage_names, stage_key
-from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
+from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
+from vllm_bundle.vllm_build import RocmInputs, WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
 
 
@@ -98,9 +99,11 @@ def build_bundle(
     bundles_dir: Path = Path("bundles"),
     warn_only: bool = False,
     image: ImageOptions | None = None,
+    python_only: bool = False,
 ) -> BundleRun:
     """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive);
-    ``image`` (which needs ``release``) adds the OCI image stage."""
+    ``image`` (which needs ``release``) adds the OCI image stage; ``python_only`` builds vLLM without its
+    native code (asked for explicitly, recorded in the launcher and release.json)."""
     check_stage_names(force)
     target, channel = recipes.target(target_name), recipes.channel(channel_name)
     check_lock(recipes, target, channel, locks_dir)
@@ -109,12 +112,13 @@ def build_bundle(
     lock, pylock = read_lock(locks_dir, channel.name, target.name)
     minor = recipes.python.minor
     wheels = wheel_artifacts(pylock, minor, recipes.python.platform)
+    for_build = build_only(pylock, minor, recipes.python.platform)
     run = BundleRun(target.name, channel.name, build_root / target.name)
     base = run.build_dir
 
     began = time.monotonic()
-    missing = fetcher.missing([*lock.artifacts, *wheels])
-    fetched = fetcher.fetch_all([*lock.artifacts, *wheels])
+    missing = fetcher.missing([*lock.artifacts, *wheels, *for_build])
+    fetched = fetcher.fetch_all([*lock.artifacts, *wheels, *for_build])
     run.fetch_seconds, run.downloaded = time.monotonic() - began, len(missing)
 
     def step(result: StageResult) -> StageResult:
@@ -135,9 +139,12 @@ def build_bundle(
     named = _named_wheels(others, fetched, base / ".wheels")
     rocm = lock.artifact("rocm-sdist")
     sdists = {fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
-    site = step(site_stage(py, named, minor, base / "site", "site" in force, sdists, lock.source_date_epoch))
+    family = channel.sdk_target_family(target)
+    site = step(site_stage(py, named, minor, base / "site", "site" in force, sdists, lock.source_date_epoch, family))
     begin("vllm-wheel")
-    vllm = step(_vllm_wheel(recipes, target_name, lock, wheels, fetched, site, patches_dir, base, force, step))
+    build = _BuildPlan(lock, wheels, for_build, fetched, python_only)
+    vllm = step(_vllm_wheel(recipes, target_name, build, site, patches_dir, base, force, step))
+    device = str(vllm.details.get("device", ""))
     rules = load_prune_rules(recipes.root)
     begin("app")
     app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
@@ -155,6 +162,7 @@ def build_bundle(
             base,
             base / "root",
             "root" in force,
+            vllm_build=device,
         )
     )
     begin("qualify")
@@ -163,7 +171,7 @@ def build_bundle(
             root,
             minor,
             target,
-            load_rules(recipes.root, recipes.python.platform),
+            load_rules(recipes.root, recipes.python.platform, recipes.vllm.extensions),
             base,
             base / "qualify",
             "qualify" in force,
@@ -190,6 +198,7 @@ def build_bundle(
                 bundles_dir=bundles_dir,
                 options=release,
                 tier0={check.name: check.passed for check in report.checks},
+                vllm_build=_vllm_build_record(vllm),
                 force="release" in force,
             )
         )
@@ -215,12 +224,33 @@ def build_bundle(
     return run
 
 
+@dataclass(frozen=True)
+class _BuildPlan:
+    """What the vllm-wheel stage takes from the lock: the locked wheels (the bundle's and the build
+    group's), the fetched files by sha256, and whether a Python-only build was asked for."""
+
+    lock: Lock
+    wheels: Sequence[Artifact]
+    build_group: Sequence[Artifact]
+    fetched: dict[str, Path]
+    python_only: bool
+
+
+def _vllm_build_record(vllm: StageResult) -> dict[str, object]:
+    """How vLLM was built, for release.json: its device and, for ROCm, the ISAs of each extension."""
+    record: dict[str, object] = {"device": vllm.details.get("device")}
+    if "extensions" in vllm.details:
+        record["isas"] = vllm.details.get("isas")
+        record["extensions"] = vllm.details["extensions"]
+    if vllm.details.get("device") == "python-only":
+        record["note"] = "built Python-only on request (--python-only-vllm): no GPU kernels of its own"
+    return record
+
+
 def _vllm_wheel(
     recipes: Recipes,
     target_name: str,
-    lock: Lock,
-    wheels: Sequence[Artifact],
-    fetched: dict[str, Path],
+    plan: _BuildPlan,
     site: StageResult,
     patches_dir: Path,
     base: Path,
@@ -228,14 +258,15 @@ def _vllm_wheel(
     step: Callable[[StageResult], StageResult],
 ) -> StageResult:
     """Build vLLM from the patched source with the bundle's own interpreter, or take the prebuilt wheel."""
+    lock = plan.lock
     if "vllm-sdist" not in lock.roles:
-        (artifact,) = [w for w in wheels if w.name == "vllm"]
-        (named,) = _named_wheels([artifact], fetched, base / ".wheels")
+        (artifact,) = [w for w in plan.wheels if w.name == "vllm"]
+        (named,) = _named_wheels([artifact], plan.fetched, base / ".wheels")
         return prebuilt_wheel_stage(named, artifact.sha256, base / "vllm-wheel", "vllm-wheel" in force)
     sdist = lock.artifact("vllm-sdist")
     source = step(
         prepare_source(
-            fetched[sdist.sha256],
+            plan.fetched[sdist.sha256],
             sdist.sha256,
             lock.versions["vllm"],
             patches_dir,
@@ -244,11 +275,27 @@ def _vllm_wheel(
             "vllm-src" in force,
         )
     )
-    python = Layout(site.path, recipes.python.minor).python
+    layout = Layout(site.path, recipes.python.minor)
+    rocm = None
+    if not plan.python_only:
+        assert recipes.vllm.triton_kernels is not None
+        kernels = None
+        if TRITON_KERNELS in lock.roles:
+            archive = lock.artifact(TRITON_KERNELS)
+            kernels = (plan.fetched[archive.sha256], archive.sha256, archive.filename)
+        rocm = RocmInputs(
+            site_packages=layout.site,
+            build_wheels=_named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
+            triton_kernels=kernels,
+            triton_kernels_package=recipes.vllm.triton_kernels.package,
+            cmake_build_type=recipes.vllm.cmake_build_type,
+            extensions=recipes.vllm.extension_rule(lock.versions["vllm"]),
+        )
     return wheel_stage(
         recipes.target(target_name),
         source,
-        python,
+        lock.versions["vllm"],
+        WheelBuild(layout.python, lock.source_date_epoch, rocm),
         base / "vllm-wheel",
         base / "logs" / "vllm-wheel.log",
         "vllm-wheel" in force,

@@ -78,11 +78,12 @@ def _fetcher(args: argparse.Namespace, grand_total: int | None, mirror: str | No
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
     """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
     from vllm_bundle.locker import check_lock
-    from vllm_bundle.lockfile import read_lock, wheel_artifacts
+    from vllm_bundle.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 
     check_lock(recipes, recipes.target(target), recipes.channel(channel), _locks_dir(args))
     lock, pylock = read_lock(_locks_dir(args), channel, target)
-    return [*lock.artifacts, *wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)]
+    python = recipes.python
+    return [*lock.artifacts, *wheel_artifacts(pylock, python.minor, python.platform, frozenset({BUILD_GROUP}))]
 
 
 def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> str:
@@ -176,7 +177,8 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
     return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
 
 
-def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
+def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResult, str]:
+    """The patched source and its vLLM version."""
     from vllm_bundle.vllm_source import outcomes_of, prepare_source
 
     with _fetcher(args, None, args.mirror) as fetcher:
@@ -190,7 +192,7 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> StageResult:
     for outcome in outcomes_of(result):
         variant = f" ({outcome.variant})" if outcome.variant else ""
         print(f"  {outcome.patch_id:<20} {outcome.status}{variant}")
-    return result
+    return result, version
 
 
 def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
@@ -244,26 +246,32 @@ def cmd_vllm_wheel(args: argparse.Namespace) -> int:
         return _vllm_wheel(args, recipes, target, base)
 
 
+#: The zip time of a wheel built outside a bundle (no lock gives a source date): 1980-01-01, the earliest.
+STANDALONE_SOURCE_DATE = 315532800
+
+
 def _vllm_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
-    from vllm_bundle.vllm_build import prebuilt_wheel_stage, wheel_stage
+    from vllm_bundle.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
 
     prebuilt = _prebuilt_vllm(args, recipes)
     if prebuilt is not None:
         wheel, artifact = prebuilt
         result = prebuilt_wheel_stage(wheel, artifact.sha256, base / "vllm-wheel", force=args.force)
     else:
-        source = _source_stage(args, recipes)
+        if not args.python_only:
+            raise RecipeError(
+                "vllm-wheel builds a Python-only wheel with a given interpreter (to try the patch series)",
+                "pass --python-only; a ROCm build runs in `bundle`, whose site stage is its build environment",
+            )
+        source, version = _source_stage(args, recipes)
         python = args.python.absolute()
         if not python.exists():
             raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
-        result = wheel_stage(
-            target, source, python, base / "vllm-wheel", base / "logs" / "vllm-wheel.log", force=args.force
-        )
+        build = WheelBuild(python, STANDALONE_SOURCE_DATE, rocm=None)
+        log = base / "logs" / "vllm-wheel.log"
+        result = wheel_stage(target, source, version, build, base / "vllm-wheel", log, force=args.force)
     state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
-    print(
-        f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} "
-        f"(VLLM_TARGET_DEVICE={result.details['device']})"
-    )
+    print(f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} ({result.details['device']})")
     return 0
 
 
@@ -308,10 +316,22 @@ def _stage_printer(args: argparse.Namespace) -> tuple[Any, Any]:
             status.stop()
         state = "cached" if result.cached else f"built in {result.seconds:.1f} s"
         print(f"stage  {result.name:<11} {state}", flush=True)
+        if result.name == "vllm-wheel":
+            print(f"         {_vllm_build_line(result.details)}", flush=True)
         if result.name == "app" and not result.cached:
             _print_size_report(result.details.get("sizes", {}))
 
     return starting, finished
+
+
+def _vllm_build_line(details: Any) -> str:
+    device = details.get("device")
+    if device == "rocm":
+        extensions = details.get("extensions", {})
+        return f"vLLM for ROCm: code objects for {', '.join(details.get('isas', []))} in {', '.join(extensions)}"
+    if device == "python-only":
+        return "vLLM built Python-only on request (--python-only-vllm): no GPU kernels of its own"
+    return f"vLLM: {device} wheel"
 
 
 def _say(message: str) -> None:
@@ -401,6 +421,7 @@ def _build(
             bundles_dir=args.bundles_dir,
             warn_only=args.warn_only,
             image=image,
+            python_only=args.python_only_vllm,
         )
     if run.report is not None:
         _print_report(read_report(run.report), run.report)
@@ -509,7 +530,10 @@ def cmd_qualify(args: argparse.Namespace) -> int:
         if name is None:
             raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
         report = qualify_tree(
-            root, detect_minor(root), recipes.target(name), load_rules(recipes.root, recipes.python.platform)
+            root,
+            detect_minor(root),
+            recipes.target(name),
+            load_rules(recipes.root, recipes.python.platform, recipes.vllm.extensions),
         )
     path = args.report or Path(f"qualification-{name}.json")
     atomic_write(path, report.to_json())
@@ -677,6 +701,11 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-archive", action="store_true", help="stop at the bundle tree (no release assets)")
     parser.add_argument("--warn-only", action="store_true", help="archive even when tier 0 qualification fails")
+    parser.add_argument(
+        "--python-only-vllm",
+        action="store_true",
+        help="build vLLM without its native code (no GPU kernels; recorded in the launcher and release.json)",
+    )
     parser.add_argument("--mirror", help="URL or directory serving the same file names as upstream")
     parser.add_argument("--image", action="store_true", help="also build the OCI image (build/<target>/image)")
     parser.add_argument("--push", metavar="REGISTRY/REPO", help="push the image there, tagged with the release tag")
@@ -720,11 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     wheel = verbs.add_parser("vllm-wheel", help="build the vLLM wheel from the patched source")
     _build_options(wheel)
     wheel.add_argument(
-        "--python",
-        type=Path,
-        default=Path(sys.executable),
-        help="build interpreter with torch (and the ROCm SDK for a ROCm build)",
+        "--python", type=Path, default=Path(sys.executable), help="build interpreter with torch and vLLM's build tools"
     )
+    wheel.add_argument("--python-only", action="store_true", help="a Python-only wheel (the only kind built here)")
     _common(wheel)
     wheel.set_defaults(func=cmd_vllm_wheel)
 

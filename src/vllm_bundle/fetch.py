@@ -217,28 +217,42 @@ class Fetcher:
             finally:
                 self.reporter.finish(artifact.filename, status)
 
-    def measure(self, name: str, filename: str, url: str) -> Artifact:
-        """Pin a file nobody published a sha256 for: download it, hash the bytes, keep them in the cache
-        under that hash (so the fetch that follows costs nothing) and return the pin."""
-        check_url(url)
+    def measure(self, name: str, filename: str, url: str, source: Source | None = None) -> Artifact:
+        """Pin a file nobody published a sha256 for: download it (from ``source``, a --mirror, when given),
+        hash the bytes, keep them in the cache under that hash (so the fetch that follows costs nothing)
+        and return the pin, which names ``url``."""
+        source = source or Source(url=url)
         self.cache.root.joinpath("partial").mkdir(parents=True, exist_ok=True)
         fd, name_of_tmp = tempfile.mkstemp(dir=self.cache.root / "partial", prefix="measure-", suffix=".part")
         partial = Path(name_of_tmp)
         digest = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as out, self.session.get(url, stream=True, timeout=self._timeouts()) as answer:
-                probe = Artifact(name, filename, url, "")
-                self._check_status(probe, url, answer, 0)
-                for chunk in self._body(answer):
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self._measured_body(Artifact(name, filename, url, ""), source):
                     out.write(chunk)
                     digest.update(chunk)
             sha256 = digest.hexdigest()
             self.cache.commit(partial, sha256)
             return Artifact(name, filename, url, sha256, self.cache.blob(sha256).stat().st_size)
         except requests.RequestException as err:
-            raise NetworkError(f"cannot download {url}: {describe(err)}", UNREACHABLE_HINT) from None
+            raise NetworkError(f"cannot download {source}: {describe(err)}", UNREACHABLE_HINT) from None
         finally:
             partial.unlink(missing_ok=True)
+
+    def _measured_body(self, probe: Artifact, source: Source) -> Iterator[bytes]:
+        if source.path is not None:
+            try:
+                with source.path.open("rb") as handle:
+                    while chunk := handle.read(CHUNK):
+                        yield chunk
+            except OSError as err:
+                raise FetchError(f"cannot read {source.path}: {err.strerror}", "check --mirror") from None
+            return
+        assert source.url is not None
+        check_url(source.url)
+        with self.session.get(source.url, stream=True, timeout=self._timeouts()) as answer:
+            self._check_status(probe, source.url, answer, 0)
+            yield from self._body(answer)
 
     def _timeouts(self) -> tuple[float, float]:
         return (self.policy.connect_timeout, self.policy.read_timeout)

@@ -16,6 +16,14 @@ TEMPLATE = "vllm-server.sh"
 #: Options by which a caller chooses the attention backend itself (then no default is added):
 #: --attention-backend, and vLLM's --attention-config / -ac (JSON, key=value or dotted forms).
 CALLER_CHOICE = ("--attention-config", "-ac")
+#: What the launcher says of a vLLM built without its native code (only ever on request); tier 0 reads
+#: the header line ``# vLLM build: <kind>``.
+PYTHON_ONLY = "python-only"
+BUILD_HEADER = "# vLLM build: "
+PYTHON_ONLY_WARNING = (
+    "echo \"vllm-server: this bundle's vLLM was built Python-only on request (--python-only-vllm):"
+    ' it has no GPU kernels of its own" >&2'
+)
 
 
 def template_text() -> str:
@@ -31,8 +39,10 @@ def render_launcher(
     vllm_version: str,
     target: str,
     server: ServerRule,
+    vllm_build: str = "rocm",
 ) -> str:
-    """``library_dirs`` and ``clang`` are relative to site-packages (they become ``$site/...``)."""
+    """``library_dirs`` and ``clang`` are relative to site-packages (they become ``$site/...``);
+    ``vllm_build`` is stated in the header (tier 0 reads it) and warned about when Python-only."""
     for name in (*library_dirs, clang):
         if any(c in name for c in '"$`\\\n') or name.startswith("/"):
             raise ValueError(f"unsafe path for the launcher: {name!r}")
@@ -48,6 +58,8 @@ def render_launcher(
         "@CALLER_CHOICE@": "|".join(f"{o}|{o}=*|{o}.*" for o in CALLER_CHOICE),
         "@VLLM_VERSION@": vllm_version,
         "@TARGET@": target,
+        "@VLLM_BUILD@": vllm_build,
+        "@PYTHON_ONLY_WARNING@": PYTHON_ONLY_WARNING if vllm_build == PYTHON_ONLY else "",
     }
     text = template_text()
     for key, value in values.items():

@@ -4,8 +4,11 @@
   and pinned with the size and sha256 of the bytes received.
 - vLLM source release: found on the channel's PyPI index, downloaded and verified against the index's
   hash; its requirement files give the dependency closure.
+- triton_kernels: the archive of the commit vLLM's ROCm build would clone (triton_kernels.py).
 - Wheels (TheRock's ROCm SDK + device code, torch, triton, vLLM's closure): resolved by uv for the
-  bundle's interpreter and manylinux platform into a PEP 751 pylock.toml. The packages TheRock owns are
+  bundle's interpreter and manylinux platform into a PEP 751 pylock.toml. What only the build needs
+  (vLLM's build requirements, the SDK's devel wheel) is resolved a second time, constrained to those
+  pins, and added as the pylock's ``build`` dependency group. The packages TheRock owns are
   pinned to its index (uv's per-package index assignment), everything else comes from PyPI even where
   TheRock's index mirrors it (see :mod:`vllm_bundle.therock`); ``rocm``, an sdist only, is overridden
   out of the resolution and pinned on its own. Each package is trimmed to the one wheel the bundle
@@ -25,7 +28,7 @@ import sys
 import tempfile
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,8 @@ from vllm_bundle.errors import LockError, LockOutOfDateError, NetworkError
 from vllm_bundle.fetch import UNREACHABLE_HINT, Artifact, Fetcher, Source, mirror_source
 from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.lockfile import (
+    BUILD_GROUP,
+    BUILD_MARKER,
     Lock,
     best_wheel,
     lock_paths,
@@ -55,6 +60,8 @@ from vllm_bundle.sdist_requirements import extract_requirement_files, filter_req
 from vllm_bundle.simple_index import IndexFile, project_files
 from vllm_bundle.therock import Owned, lock_rocm_sdist, owned_requirements, require_index
 from vllm_bundle.transport import check_url, describe
+from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
+from vllm_bundle.triton_kernels import lock_archive
 
 SDK_CORE = "rocm-sdk-core"  # the ROCm version of a lock is this wheel's
 
@@ -175,9 +182,16 @@ def write_lock_project(work: Path, owned: list[Owned], therock: str, minor: str,
 
 
 def run_uv_compile(
-    inputs: list[Path], output: Path, recipes: Recipes, where: str, channel: Channel, pypi: str, uv_cache: Path
+    inputs: list[Path],
+    output: Path,
+    recipes: Recipes,
+    where: str,
+    channel: Channel,
+    pypi: str,
+    uv_cache: Path,
+    constraints: Path | None = None,
 ) -> None:
-    """``where``: ``<target>/<channel>``, for messages."""
+    """``where``: ``<target>/<channel>``, for messages; ``constraints``: pins the resolution must keep."""
     python = recipes.python
     check_url(pypi)
     command = [
@@ -207,6 +221,7 @@ def run_uv_compile(
         str(uv_cache),
         "--default-index",
         pypi,
+        *(["--constraints", str(constraints)] if constraints else []),
     ]
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -322,21 +337,35 @@ class _VllmInputs:
     requirement_lines: list[str]
     artifacts: dict[str, Artifact]  # role -> artifact
     upload_times: list[int]
+    build_lines: list[str] = field(default_factory=list)  # vLLM's build requirements (same filtering)
 
 
-def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str, work: Path) -> _VllmInputs:
+def _vllm_inputs(
+    recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str, work: Path, mirror: str | None
+) -> _VllmInputs:
     if channel.vllm_wheel is not None:  # locked as one of TheRock's packages
         fetcher.reporter.note(f"lock   vLLM: prebuilt wheel vllm{channel.vllm_wheel} (repackage mode)")
         return _VllmInputs([], {}, [])
     fetcher.reporter.note(f"lock   vLLM {recipes.vllm.version} source release from {pypi}")
     sdist, entry = lock_vllm_sdist(recipes, pypi, fetcher)
-    top = extract_requirement_files(fetcher.cache.blob(sdist.sha256), work / "vllm", recipes.vllm.version)
-    filtered = filter_requirement_files(top, recipes.vllm.requirement_files, recipes.vllm.drop_requirements)
-    for line in filtered.dropped:
+    blob = fetcher.cache.blob(sdist.sha256)
+    top = extract_requirement_files(blob, work / "vllm", recipes.vllm.version)
+    drop = recipes.vllm.drop_requirements
+    filtered = filter_requirement_files(top, recipes.vllm.requirement_files, drop)
+    build = filter_requirement_files(top, recipes.vllm.build_requirement_files, drop)
+    for line in dict.fromkeys([*filtered.dropped, *build.dropped]):
         fetcher.reporter.note(f"lock   dropped from vLLM's requirements: {line}")
     lines = ["# vLLM's own requirements (torch family and index options removed)"]
     lines += [f"-r {path}" for path in filtered.top_files]
-    return _VllmInputs(lines, {"vllm-sdist": sdist}, [entry.upload_time] if entry.upload_time else [])
+    build_lines = ["# vLLM's build requirements (torch family and index options removed)"]
+    build_lines += [f"-r {path}" for path in build.top_files]
+    artifacts = {"vllm-sdist": sdist}
+    assert recipes.vllm.triton_kernels is not None
+    kernels = lock_archive(recipes.vllm.triton_kernels, blob, recipes.vllm.version, fetcher, mirror)
+    if kernels is not None:
+        artifacts[TRITON_KERNELS] = kernels
+    times = [entry.upload_time] if entry.upload_time else []
+    return _VllmInputs(lines, artifacts, times, build_lines if build.top_files else [])
 
 
 def _resolve_wheels(
@@ -344,7 +373,7 @@ def _resolve_wheels(
 ) -> tuple[dict[str, Any], _VllmInputs]:
     therock, pypi = sources.therock(channel, target), sources.pypi(channel)
     require_index(fetcher.session, therock, channel, target)
-    vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work)
+    vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work, sources.mirror)
     owned = owned_requirements(recipes, target, channel, fetcher.session, therock)
     fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.name for o in owned)}")
     inputs = write_lock_project(work, owned, therock, recipes.python.minor, vllm.requirement_lines)
@@ -358,12 +387,68 @@ def _resolve_wheels(
     unpublished = _unpublished_hashes(fetcher, therock, owned)
     with resolved.open("rb") as handle:
         pylock = _trim_size_and_hash(tomllib.load(handle), recipes, fetcher, measured, unpublished)
+    build = _resolve_build_group(recipes, target, channel, fetcher, sources, work, pylock, owned, vllm, measured)
+    if build:
+        pylock["dependency-groups"] = [BUILD_GROUP]
+        pylock["packages"] = [*pylock.get("packages", []), *build]
     if measured.files:
         fetcher.reporter.note(
             f"lock   hashed {measured.files} files the indexes published no sha256 for "
             f"({human_size(measured.bytes)} downloaded)"
         )
     return pylock, vllm
+
+
+def _resolve_build_group(
+    recipes: Recipes,
+    target: Target,
+    channel: Channel,
+    fetcher: Fetcher,
+    sources: Sources,
+    work: Path,
+    runtime: dict[str, Any],
+    owned: list[Owned],
+    vllm: _VllmInputs,
+    measured: Measured,
+) -> list[dict[str, Any]]:
+    """The packages only vLLM's build needs, resolved with every pin of the bundle as a constraint (the
+    build runs the bundle's own packages), each marked as the ``build`` group."""
+    build_wheels = channel.sdk_build_wheels_for(target)
+    if not vllm.build_lines and not build_wheels:
+        return []
+    therock, pypi = sources.therock(channel, target), sources.pypi(channel)
+    pins = locked_versions(runtime)
+    # TheRock's packages come from its index only: the bundle's, pinned, and the SDK's build wheels.
+    build_owned = [Owned(name, channel.versions["rocm"]) for name in build_wheels]
+    build_owned += [
+        Owned(o.name, f"=={pins[canonicalize_name(o.name)]}") for o in owned if canonicalize_name(o.name) in pins
+    ]
+    where = work / BUILD_GROUP
+    where.mkdir()
+    inputs = write_lock_project(where, build_owned, therock, recipes.python.minor, vllm.build_lines or ["# none"])
+    constraints = where / "constraints.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+    names = ", ".join(build_wheels)
+    fetcher.reporter.note(f"lock   resolving what only the vLLM build needs ({names} and vLLM's build requirements)")
+    resolved = where / "pylock.resolved.toml"
+    label = f"{target.name}/{channel.name} (build)"
+    run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", constraints)
+    with resolved.open("rb") as handle:
+        packages = tomllib.load(handle).get("packages", [])
+    only: list[dict[str, Any]] = []
+    for package in packages:
+        name = canonicalize_name(package["name"])
+        if name not in pins:
+            only.append({**package, "marker": BUILD_MARKER})
+        elif pins[name] != package["version"]:
+            raise LockError(
+                f"vLLM's build needs {name} {package['version']}, the bundle has {pins[name]}",
+                "adjust the versions in recipes/channels.toml",
+            )
+    unpublished = _unpublished_hashes(fetcher, therock, [Owned(name, "") for name in build_wheels])
+    trimmed = _trim_size_and_hash({"packages": only}, recipes, fetcher, measured, unpublished)
+    packages_only: list[dict[str, Any]] = trimmed["packages"]
+    return packages_only
 
 
 def _unpublished_hashes(fetcher: Fetcher, therock: str, owned: list[Owned]) -> set[str]:

@@ -1,9 +1,13 @@
 """Lock files: the exact, hashed inputs of one (channel, target).
 
 ``recipes/locks/<channel>/<target>.toml`` pins the non-wheel artifacts (the CPython tarball, the vLLM
-source release) and records the recipe hash it was made from; ``pylock.<target>.toml`` (PEP 751,
-written by uv) pins every wheel. The TOML lock records the pylock's sha256, so neither file can be
-edited or swapped alone without ``lock --check`` noticing.
+source release, the triton_kernels source) and records the recipe hash it was made from;
+``pylock.<target>.toml`` (PEP 751, written by uv) pins every wheel. The TOML lock records the pylock's
+sha256, so neither file can be edited or swapped alone without ``lock --check`` noticing.
+
+What only the vLLM build needs (rocm-sdk-devel, cmake, ...) is the pylock's dependency group ``build``:
+those packages carry the marker ``'build' in dependency_groups`` (PEP 751), so a plain install of the
+lock, the bundle's, leaves them out.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from typing import Any
 from urllib.parse import unquote
 
 import tomli_w
+from packaging.markers import InvalidMarker, Marker
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.errors import LockError, LockMissingError
 from vllm_bundle.fetch import Artifact
 
-LOCK_VERSION = 3
+LOCK_VERSION = 4
+BUILD_GROUP = "build"
+BUILD_MARKER = f"'{BUILD_GROUP}' in dependency_groups"
 
 
 @dataclass(frozen=True)
@@ -178,11 +185,27 @@ def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> dict[s
     return best[1] if best else None
 
 
-def wheel_artifacts(pylock: Mapping[str, Any], python_minor: str, platform: str) -> list[Artifact]:
-    """The one best wheel of each locked package for the bundle's interpreter and platform."""
+def in_groups(package: Mapping[str, Any], groups: frozenset[str]) -> bool:
+    """Whether a locked package is installed when ``groups`` are asked for (its PEP 751 marker)."""
+    marker = package.get("marker")
+    if not marker:
+        return True
+    try:
+        return Marker(str(marker)).evaluate({"dependency_groups": groups, "extras": frozenset()}, "lock_file")
+    except InvalidMarker:
+        raise LockError(f"locked package {package.get('name')} has a bad marker {marker!r}", "re-lock") from None
+
+
+def wheel_artifacts(
+    pylock: Mapping[str, Any], python_minor: str, platform: str, groups: frozenset[str] = frozenset()
+) -> list[Artifact]:
+    """The one best wheel of each locked package for the bundle's interpreter and platform: by default
+    what the bundle installs; with ``groups`` (e.g. {"build"}) also those groups' packages."""
     ranking = {tag: i for i, tag in enumerate(supported_tags(python_minor, platform))}
     artifacts = []
     for package in pylock.get("packages", []):
+        if not in_groups(package, groups):
+            continue
         wheel = best_wheel(package, ranking)
         if wheel is None:
             raise LockError(
@@ -198,7 +221,15 @@ def wheel_artifacts(pylock: Mapping[str, Any], python_minor: str, platform: str)
     return artifacts
 
 
+def build_only(pylock: Mapping[str, Any], python_minor: str, platform: str) -> list[Artifact]:
+    """The wheels only the vLLM build needs (the ``build`` group), not installed into the bundle."""
+    everything = wheel_artifacts(pylock, python_minor, platform, frozenset({BUILD_GROUP}))
+    bundled = {a.sha256 for a in wheel_artifacts(pylock, python_minor, platform)}
+    return [a for a in everything if a.sha256 not in bundled]
+
+
 def locked_versions(pylock: Mapping[str, Any]) -> dict[str, str]:
+    """Every package's version (the build group's too)."""
     return {canonicalize_name(p["name"]): p["version"] for p in pylock.get("packages", [])}
 
 

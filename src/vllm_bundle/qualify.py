@@ -33,11 +33,12 @@ from vllm_bundle.elf import dynamic_info, is_elf
 from vllm_bundle.errors import BundleError, RecipeError
 from vllm_bundle.extract import symlink_problems
 from vllm_bundle.install import extract_parts
-from vllm_bundle.offload import fatbin_isas
-from vllm_bundle.recipes import Table, Target, read_toml
+from vllm_bundle.launcher import BUILD_HEADER, PYTHON_ONLY
+from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.records import read_record, records, resolve, verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
 from vllm_bundle.stage import StageResult, run_stage
+from vllm_bundle.vllm_extensions import extension_problems, find_in_tree
 
 QUALIFY_FILE = "qualify.toml"
 TORCH_MANGLED = ("_ZN3c10", "_ZNK3c10", "_ZN2at", "_ZNK2at", "_ZN5torch", "_ZNK5torch")
@@ -54,6 +55,7 @@ class QualifyRules:
     system_library_dirs: tuple[str, ...]
     smoke_imports: tuple[str, ...]
     optional: Mapping[str, frozenset[str]] = field(default_factory=dict)  # package -> libraries it may lack
+    extensions: tuple[ExtensionRule, ...] = ()  # vLLM's native extensions by version (components.toml)
 
 
 @dataclass
@@ -94,7 +96,7 @@ def manylinux_libraries(platform: str) -> frozenset[str]:
     raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}")
 
 
-def load_rules(recipes_dir: Path, platform: str) -> QualifyRules:
+def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule, ...] = ()) -> QualifyRules:
     rules = Table(read_toml(recipes_dir / QUALIFY_FILE), QUALIFY_FILE)
     optional = rules.table("optional-libraries") if "optional-libraries" in rules.data else None
     return QualifyRules(
@@ -102,6 +104,7 @@ def load_rules(recipes_dir: Path, platform: str) -> QualifyRules:
         rules.strings("system-library-dirs"),
         rules.strings("smoke-imports"),
         {canonicalize_name(p): frozenset(optional.strings(p)) for p in optional.data} if optional else {},
+        extensions,
     )
 
 
@@ -244,29 +247,26 @@ def check_device_code(layout: Layout, target: Target) -> CheckResult:
     return CheckResult("device-code", not problems, f"device code for {', '.join(target.isas)}", problems)
 
 
-#: vLLM's own native extensions: each must carry code objects for every ISA of the target.
-VLLM_EXTENSIONS = ("_C", "_rocm_C", "_moe_C")
-
-
-def check_vllm_device_code(layout: Layout, target: Target) -> CheckResult:
-    """vLLM drops ISAs missing from its architecture list without failing the build: only the
-    extensions' own offload bundles show whether its kernels exist for the target's GPUs."""
-    directory = layout.site / "vllm"
-    extensions = (
-        sorted(p for p in directory.glob("*.so") if p.name.split(".")[0] in VLLM_EXTENSIONS)
-        if directory.is_dir()
-        else []
+def check_vllm_device_code(layout: Layout, target: Target, rules: QualifyRules) -> CheckResult:
+    """Every native extension a ROCm build of this vLLM version has, with code objects for every ISA of
+    the target in each HIP one (components.toml ``[[vllm.extensions]]``). A vLLM without them passes
+    only when the bundle says it was built Python-only on request (its launcher's header)."""
+    if detect_vllm_build(layout.root) == PYTHON_ONLY:
+        return CheckResult("vllm-device-code", True, "Python-only vLLM, built on request: no GPU kernels of its own")
+    installed = _metadata(layout, "vllm")
+    if installed is None:
+        return CheckResult("vllm-device-code", False, "vLLM's extensions", ["vllm is not installed"])
+    version = Version(installed[0])
+    rule = next((r for r in rules.extensions if r.versions.contains(version, prereleases=True)), None)
+    if rule is None:
+        problem = (
+            f"no [[vllm.extensions]] entry in components.toml covers vLLM {version}: tier 0 cannot tell its kernels"
+        )
+        return CheckResult("vllm-device-code", False, "vLLM's extensions", [problem])
+    problems, _ = extension_problems(find_in_tree(layout.site, rule), rule, target.isas)
+    summary = (
+        f"{len(rule.names)} vLLM extensions present; {len(rule.device_code)} carry code for {', '.join(target.isas)}"
     )
-    if not extensions:
-        return CheckResult("vllm-device-code", True, "vLLM has no native extensions (Python-only build)")
-    problems = []
-    for extension in extensions:
-        found = fatbin_isas(extension)
-        missing = [isa for isa in target.isas if isa not in found]
-        if missing:
-            has = ", ".join(sorted(found)) or "none"
-            problems.append(f"vllm/{extension.name} has no code objects for {', '.join(missing)} (it has {has})")
-    summary = f"{len(extensions)} vLLM extensions carry code for {', '.join(target.isas)}"
     return CheckResult("vllm-device-code", not problems, summary, problems)
 
 
@@ -340,7 +340,7 @@ def qualify_tree(
         lambda: check_torch_requirement(layout),
         lambda: check_records(layout),
         lambda: check_device_code(layout, target),
-        lambda: check_vllm_device_code(layout, target),
+        lambda: check_vllm_device_code(layout, target, rules),
         lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
         lambda: check_build_paths(layout, build_dir),
@@ -370,7 +370,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 5
+STAGE_VERSION = 6
 REPORT = "qualification.json"
 
 
@@ -379,6 +379,16 @@ def detect_minor(root: Path) -> str:
         if candidate.name.count(".") == 1 and candidate.name.removeprefix("python3.").isdigit():
             return candidate.name.removeprefix("python")
     raise QualificationError(f"{root} has no bin/python3.X", "is this a bundle?")
+
+
+def detect_vllm_build(root: Path) -> str | None:
+    """How the bundle's vLLM was built, as its launcher states it (``# vLLM build: rocm``)."""
+    launcher = root / "bin" / "vllm-server"
+    if launcher.is_file():
+        for line in launcher.read_text(errors="replace").splitlines()[:6]:
+            if line.startswith(BUILD_HEADER):
+                return line.removeprefix(BUILD_HEADER).strip()
+    return None
 
 
 def detect_target(root: Path) -> str | None:
@@ -402,6 +412,7 @@ def qualify_stage(
             "system_library_dirs": rules.system_library_dirs,
             "smoke_imports": rules.smoke_imports,
             "optional": {package: sorted(libs) for package, libs in sorted(rules.optional.items())},
+            "extensions": [[str(r.versions), r.names, r.device_code] for r in rules.extensions],
         },
         "target": asdict(target),
     }

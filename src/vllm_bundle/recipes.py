@@ -22,7 +22,7 @@ from vllm_bundle.errors import RecipeError, UnknownTargetError
 
 #: Bumped whenever the meaning of a recipe value or the lock format changes: it is part of the
 #: recipe hash, so every lock made by an older tool shows as out of date.
-RECIPE_SCHEMA = 2
+RECIPE_SCHEMA = 3
 
 TARGETS_FILE = "targets.toml"
 CHANNELS_FILE = "channels.toml"
@@ -57,12 +57,21 @@ class Channel:
     versions: Mapping[str, str]
     sdk_wheels: tuple[str, ...]  # TheRock's ROCm SDK as wheels; `{family}` for per-family indexes
     vllm_wheel: str | None = None  # repackage mode: a prebuilt vLLM wheel (specifier) from the indexes
+    sdk_build_wheels: tuple[str, ...] = ()  # the SDK's wheels needed only to build (rocm-sdk-devel)
 
     def therock_index_for(self, target: Target) -> str:
         return self.therock_index.replace("{family}", target.legacy_family)
 
     def sdk_wheels_for(self, target: Target) -> tuple[str, ...]:
         return tuple(name.replace("{family}", target.legacy_family) for name in self.sdk_wheels)
+
+    def sdk_build_wheels_for(self, target: Target) -> tuple[str, ...]:
+        return tuple(name.replace("{family}", target.legacy_family) for name in self.sdk_build_wheels)
+
+    def sdk_target_family(self, target: Target) -> str:
+        """What TheRock's ``rocm`` sdist takes as ``ROCM_SDK_TARGET_FAMILY``: a family name of the per-family
+        indexes, an ISA of the multi-arch ones (rocm_sdk/_dist_info.py AVAILABLE_TARGET_FAMILIES)."""
+        return target.legacy_family if self.therock_layout == "per-family" else target.isas[0]
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,27 @@ class ServerRule:
     command: tuple[str, ...]  # arguments to python before the caller's, e.g. ("-m", "vllm...", "serve")
 
 
-Rule = TypeVar("Rule", AttentionRule, ServerRule)
+@dataclass(frozen=True)
+class ExtensionRule:
+    """vLLM's native extensions in a ROCm build, for some vLLM versions: each must exist; each of
+    ``device_code`` must carry code objects for every ISA of the target."""
+
+    versions: SpecifierSet
+    names: tuple[str, ...]
+    device_code: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TritonKernels:
+    """The triton_kernels source a ROCm build uses: an archive URL and file name made from the repository
+    and commit vLLM's cmake names (``{owner}``, ``{repo}``, ``{commit}``), and the package inside it."""
+
+    url: str
+    filename: str
+    package: str
+
+
+Rule = TypeVar("Rule", AttentionRule, ServerRule, ExtensionRule)
 
 
 def _covering(rules: tuple[Rule, ...], wanted: Version, table: str) -> Rule:
@@ -123,9 +152,16 @@ class VllmRecipe:
     attention: tuple[AttentionRule, ...]
     torch: str  # the torch releases this vLLM version supports (a specifier; the channel narrows it)
     servers: tuple[ServerRule, ...] = ()
+    build_requirement_files: tuple[str, ...] = ()
+    cmake_build_type: str = "Release"
+    triton_kernels: TritonKernels | None = None
+    extensions: tuple[ExtensionRule, ...] = ()
 
     def server_rule(self, version: str | None = None) -> ServerRule:
         return _covering(self.servers, Version(version or self.version), "[[vllm.server]]")
+
+    def extension_rule(self, version: str | None = None) -> ExtensionRule:
+        return _covering(self.extensions, Version(version or self.version), "[[vllm.extensions]]")
 
     def attention_rule(self, version: str | None = None) -> AttentionRule:
         return _covering(self.attention, Version(version or self.version), "[[vllm.attention]]")
@@ -295,6 +331,7 @@ def _parse_channels(doc: Table, components: tuple[str, ...]) -> dict[str, Channe
             versions={c: versions.data[c] for c in components},
             sdk_wheels=entry.strings("sdk-wheels"),
             vllm_wheel=entry.specifier("vllm-wheel") if "vllm-wheel" in entry.data else None,
+            sdk_build_wheels=entry.strings("sdk-build-wheels", ()),
         )
     return channels
 
@@ -347,6 +384,36 @@ def _parse_servers(vllm: Table) -> tuple[ServerRule, ...]:
     return tuple(rules)
 
 
+def _parse_extensions(vllm: Table) -> tuple[ExtensionRule, ...]:
+    entries = vllm.get("extensions", list, "a list of [[vllm.extensions]] tables")
+    rules = []
+    for index, entry in enumerate(entries):
+        table = Table(entry, vllm.file, f"{vllm.path}.extensions[{index}]")
+        names, device_code = table.strings("names"), table.strings("device-code")
+        if not set(device_code) <= set(names):
+            raise table.fail("device-code", "names listed in `names`")
+        rules.append(ExtensionRule(SpecifierSet(table.specifier("versions")), names, device_code))
+    return tuple(rules)
+
+
+BUILD_TYPES = ("Release", "RelWithDebInfo", "Debug")  # what vLLM's envs.py accepts for CMAKE_BUILD_TYPE
+
+
+def _build_type(vllm: Table) -> str:
+    value = vllm.text("cmake-build-type")
+    if value not in BUILD_TYPES:
+        raise vllm.fail("cmake-build-type", " or ".join(repr(v) for v in BUILD_TYPES))
+    return value
+
+
+def _parse_triton_kernels(vllm: Table) -> TritonKernels:
+    table = vllm.table("triton-kernels")
+    url, filename = table.text("url"), table.text("filename")
+    if "{commit}" not in url or "{commit}" not in filename:
+        raise table.fail("url", "an URL and a file name with {commit} (and {owner}, {repo} as needed)")
+    return TritonKernels(url, filename, table.text("package"))
+
+
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
     raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
@@ -369,6 +436,10 @@ def load_recipes(root: Path) -> Recipes:
             attention=_parse_attention(vllm),
             torch=vllm.specifier("torch"),
             servers=_parse_servers(vllm),
+            build_requirement_files=vllm.strings("build-requirement-files"),
+            cmake_build_type=_build_type(vllm),
+            triton_kernels=_parse_triton_kernels(vllm),
+            extensions=_parse_extensions(vllm),
         ),
         raw=raw,
     )

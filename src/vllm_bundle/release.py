@@ -37,7 +37,7 @@ from vllm_bundle.paths import checkout_git
 from vllm_bundle.sbom import build_sbom
 from vllm_bundle.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 3
+STAGE_VERSION = 4
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 
 
@@ -83,11 +83,13 @@ def release_stage(
     bundles_dir: Path,
     options: ReleaseOptions,
     tier0: Mapping[str, bool],
+    vllm_build: Mapping[str, Any] | None = None,
     force: bool = False,
 ) -> StageResult:
     """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part.
     ``tier0`` maps each tier 0 check to whether it passed (recorded in release.json; GPU tiers add
-    theirs later, see :mod:`vllm_bundle.gpu_qualify`)."""
+    theirs later, see :mod:`vllm_bundle.gpu_qualify`); ``vllm_build`` says how vLLM was built (its
+    device; for ROCm, the ISAs each extension carries code for)."""
     tag = release_tag(vllm_version, lock.versions["rocm"], target)
     stem = f"{tag}-x64"
     date = source_date(lock, options.source_date)
@@ -103,6 +105,7 @@ def release_stage(
         "lock": lock_hash,
         "tier0": dict(tier0),
         "archiver": archiver(),
+        "vllm_build": dict(vllm_build or {}),
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -122,6 +125,7 @@ def release_stage(
             "target": target,
             "channel": lock.channel,
             "versions": versions,
+            "vllm_build": dict(vllm_build or {}),
             "lock_sha256": lock_hash,
             "source_date_epoch": date,
             "archive": {

@@ -3,6 +3,7 @@
 Served tree::
 
     releases/cpython-<ver>+<date>-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz, SHA256SUMS
+    releases/triton-<commit>.tar.gz               ROCm/triton's source as codeload serves it (triton_kernels)
     files/<every wheel and sdist>
     therock/whl-multi-arch/<project>/index.html   TheRock's stable multi-arch index (PEP 503, #sha256
     therock/whl-next/<project>/index.html         only sometimes); see therock.py
@@ -13,7 +14,9 @@ TheRock-shaped wheels carry real ELF libraries with DT_NEEDED chains between pac
 ``.kpack`` device-code files; PyPI-shaped ones need system libraries, some allowed (libz) and some
 the bundle never has (pypi.py). The python-build-standalone-shaped tarball has one ``python/`` top
 directory whose build files still name the ``/install`` prefix, and its ``lib/libpython3.so`` names
-its library through ``$ORIGIN``, as upstream's do.
+its library through ``$ORIGIN``, as upstream's do. The vLLM source release builds the way vLLM's
+setup.py does (fake_vllm_setup.py) with the fake PyPI's cmake (fake_cmake.py), and its HIP sources compile
+for real with Debian's clang-19 behind the fake SDK's compiler (therock.py).
 """
 
 from __future__ import annotations
@@ -63,6 +66,18 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torch._C", NULL, -1,
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
 """
 C_LIB = "int {name}(void) {{ return {value}; }}\n"
+# What a HIP object's module constructor and launch stubs call in libamdhip64 (clang's HIP codegen), as
+# stubs: vLLM's extensions, compiled for real by the fixture's build, load against the fake runtime.
+HIP_REGISTRATION = """
+static void *fatbin_handle;
+void **__hipRegisterFatBinary(const void *data) { return &fatbin_handle; }
+void __hipUnregisterFatBinary(void **handle) {}
+int __hipRegisterFunction(void) { return 0; }
+int __hipRegisterVar(void) { return 0; }
+int __hipPushCallConfiguration(void) { return 0; }
+int __hipPopCallConfiguration(void) { return 0; }
+int hipLaunchKernel(void) { return 0; }
+"""
 
 
 @dataclass
@@ -92,7 +107,7 @@ def _elf_chain(work: Path) -> dict[str, Path]:
     libs["hip"] = compile_shared(
         work / "libamdhip64.so.7",
         "libamdhip64.so.7",
-        "int comgr(void);\nint hip(void) { return comgr() + 4; }\n",
+        "int comgr(void);\nint hip(void) { return comgr() + 4; }\n" + HIP_REGISTRATION,
         needed=(libs["comgr"],),
         rpath="$ORIGIN",
     )
@@ -249,11 +264,66 @@ def _python_tarball(fx: Fixture, cache: Path | None) -> None:
 
 
 # What the fixture's vLLM source release is made of: vLLM 0.33.0's own lines where the patch series
-# and the pipeline look (HIP_SUPPORTED_ARCHS, rocm_platform_plugin), a stand-in server module, and an
-# in-tree PEP 517 backend so that a no-isolation wheel build needs nothing but the interpreter.
-VLLM_CMAKE = """# Supported AMD GPU architectures.
+# and the pipeline look (HIP_SUPPORTED_ARCHS, rocm_platform_plugin, the triton_kernels commit), its
+# extension targets in vLLM's own define_extension_target() form with small native sources, a stand-in
+# server module, and an in-tree PEP 517 backend that builds the way setup.py does (fake_vllm_setup.py).
+VLLM_CMAKE = """cmake_minimum_required(VERSION 3.26)
+project(vllm_extensions LANGUAGES CXX)
+
+# Supported AMD GPU architectures.
 set(HIP_SUPPORTED_ARCHS "gfx906;gfx908;gfx90a;gfx942;gfx950;gfx1250;gfx1030;gfx1100;gfx1101;gfx1102;gfx1103;gfx1150;gfx1151;gfx1152;gfx1153;gfx1200;gfx1201")
+
+define_extension_target(spinloop DESTINATION vllm LANGUAGE CXX SOURCES csrc/spinloop.cpp USE_SABI 3.11)
+define_extension_target(fs_io_C DESTINATION vllm LANGUAGE CXX SOURCES csrc/fs_io.cpp USE_SABI 3.11)
+define_extension_target(cumem_allocator DESTINATION vllm LANGUAGE CXX SOURCES csrc/cumem_allocator.cpp USE_SABI 3.8)
+define_extension_target(_C DESTINATION vllm LANGUAGE HIP SOURCES csrc/torch_bindings.hip csrc/cache_kernels.hip USE_SABI 3)
+define_extension_target(_C_stable_libtorch DESTINATION vllm LANGUAGE HIP SOURCES csrc/libtorch_stable/ops.hip USE_SABI 3)
+define_extension_target(_moe_C_stable_libtorch DESTINATION vllm LANGUAGE HIP SOURCES csrc/moe/topk_softmax.hip USE_SABI 3)
+define_extension_target(_rocm_C DESTINATION vllm LANGUAGE HIP SOURCES csrc/rocm/attention.hip COMPILE_FLAGS --offload-compress USE_SABI 3)
+
+include(cmake/external_projects/triton_kernels.cmake)
 """
+# vLLM 0.33.0's own lines where the lock reads the triton_kernels commit of a ROCm build.
+VLLM_TRITON_KERNELS_CMAKE = """if (DEFINED ENV{TRITON_KERNELS_SRC_DIR})
+  message(STATUS "[triton_kernels] Fetch from $ENV{TRITON_KERNELS_SRC_DIR}")
+else()
+  if (VLLM_TARGET_DEVICE STREQUAL "rocm")
+    set(TRITON_GIT "https://github.com/ROCm/triton.git")
+    # Pinned from release/internal/3.8.x
+    set(TRITON_KERNELS_TAG "669b31acc1dd1b3fd93286afd5db67f65d9f7557")
+  else()
+    set(TRITON_GIT "https://github.com/triton-lang/triton.git")
+    set(TRITON_KERNELS_TAG "v3.5.1")
+  endif()
+endif()
+"""
+TRITON_KERNELS_COMMIT = "669b31acc1dd1b3fd93286afd5db67f65d9f7557"
+# Each native source names itself through __FILE__ (as vLLM's TORCH_CHECK messages do): a build that
+# maps no prefixes puts its build directory into the library. The first source of each extension makes
+# it a Python module, as vLLM's are (tier 1's probe imports them).
+HIP_SOURCE = """#include <hip/hip_runtime.h>
+extern "C" __global__ void {name}_kernel(float *out, const float *in) {{ out[0] = in[0] * 2.0f; }}
+extern "C" const char *{name}_source(void) {{ return __FILE__; }}
+"""
+CXX_SOURCE = """extern "C" const char *{name}_source(void) {{ return __FILE__; }}
+extern "C" int {name}_answer(void) {{ return 42; }}
+"""
+MODULE_INIT = """#include <Python.h>
+static struct PyModuleDef {module}_definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, NULL}};
+PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&{module}_definition); }}
+"""
+NATIVE_SOURCES = {
+    "csrc/spinloop.cpp": CXX_SOURCE.format(name="spinloop") + MODULE_INIT.format(module="spinloop"),
+    "csrc/fs_io.cpp": CXX_SOURCE.format(name="fs_io") + MODULE_INIT.format(module="fs_io_C"),
+    "csrc/cumem_allocator.cpp": CXX_SOURCE.format(name="cumem") + MODULE_INIT.format(module="cumem_allocator"),
+    "csrc/torch_bindings.hip": HIP_SOURCE.format(name="ops") + MODULE_INIT.format(module="_C"),
+    "csrc/cache_kernels.hip": HIP_SOURCE.format(name="cache"),
+    "csrc/libtorch_stable/ops.hip": HIP_SOURCE.format(name="stable") + MODULE_INIT.format(module="_C_stable_libtorch"),
+    "csrc/moe/topk_softmax.hip": HIP_SOURCE.format(name="moe") + MODULE_INIT.format(module="_moe_C_stable_libtorch"),
+    "csrc/rocm/attention.hip": HIP_SOURCE.format(name="paged_attention") + MODULE_INIT.format(module="_rocm_C"),
+}
+
+
 VLLM_PLATFORMS = """import logging
 
 logger = logging.getLogger(__name__)
@@ -335,43 +405,22 @@ print(json.dumps({"argv": sys.argv[1:], "executable": sys.executable, "hip_check
                   "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH",
                           "FLASH_ATTENTION_TRITON_AMD_ENABLE", "CC", "VLLM_ATTENTION_BACKEND")}}))
 """
-VLLM_BACKEND = """import base64, hashlib, os, pathlib, zipfile
-
-def _version():
-    device = os.environ.get("VLLM_TARGET_DEVICE", "cuda")
-    return "0.33.0" + {"empty": "+empty", "rocm": "+rocm"}.get(device, "")
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    version = _version()
-    name = f"vllm-{version}-py3-none-any.whl"
-    info = f"vllm-{version}.dist-info"
-    files = {str(p): p.read_bytes() for p in sorted(pathlib.Path("vllm").rglob("*.py"))}
-    reqs = [ln.strip() for ln in open("requirements/common.txt") if ln.strip() and not ln.startswith(("#", "-"))]
-    files[f"{info}/METADATA"] = ("Metadata-Version: 2.1\\nName: vllm\\nVersion: " + version + "\\n"
-                                 + "".join(f"Requires-Dist: {r.split('#')[0].strip()}\\n" for r in reqs)).encode()
-    files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\\nGenerator: fixture\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
-    record = [f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}"
-              for k, v in files.items()] + [f"{info}/RECORD,,"]
-    files[f"{info}/RECORD"] = ("\\n".join(record) + "\\n").encode()
-    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as archive:
-        for member, data in files.items():
-            archive.writestr(zipfile.ZipInfo(member, (2025, 11, 20, 0, 0, 0)), data)
-    return name
-
-def get_requires_for_build_wheel(config_settings=None):
-    return []
-"""
 
 
 def _fixture_vllm_sdist(files: Path) -> Path:
+    """vLLM's source release in the fixture's size: the files the pipeline reads and patches, native
+    sources that compile for real, and a build backend that builds the way vLLM's setup.py does
+    (fake_vllm_setup.py, driving the fake PyPI's cmake)."""
     top = f"vllm-{VLLM_VERSION}"
     contents = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n".encode(),
         f"{top}/pyproject.toml": (
             b"[build-system]\nrequires = []\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
         ),
-        f"{top}/_build/fixture_backend.py": VLLM_BACKEND.encode(),
+        f"{top}/_build/fixture_backend.py": Path(__file__).with_name("fake_vllm_setup.py").read_bytes(),
         f"{top}/CMakeLists.txt": VLLM_CMAKE.encode(),
+        f"{top}/cmake/external_projects/triton_kernels.cmake": VLLM_TRITON_KERNELS_CMAKE.encode(),
+        **{f"{top}/{name}": text.encode() for name, text in NATIVE_SOURCES.items()},
         f"{top}/vllm/__init__.py": f"__version__ = '{VLLM_VERSION}'\n".encode(),
         f"{top}/vllm/platforms/__init__.py": VLLM_PLATFORMS.encode(),
         f"{top}/vllm/platforms/rocm.py": VLLM_ROCM.encode(),
@@ -383,15 +432,40 @@ def _fixture_vllm_sdist(files: Path) -> Path:
         f"{top}/requirements/common.txt": (
             b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\nnumpy\n"
             b'llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64" or platform_machine == "aarch64"\n'
+            b"ninja # Required for xgrammar, rocm, tpu, xpu\n"
         ),
         f"{top}/requirements/rocm.txt": (
             b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
             b"torch==2.12.0\ntriton==3.7.1\ngrpcio==1.78.0\nsetuptools>=78.1.1,<80.0.0\n"
             b"mooncake-transfer-engine-rocm >= 0.3.13\ntorchao\n"
         ),
+        # vllm-0.33.0:requirements/build/rocm.txt, with what the fake PyPI serves
+        f"{top}/requirements/build/rocm.txt": (
+            b"# Common dependencies\n-r ../common.txt\n\n\n"
+            b"--extra-index-url https://repo.amd.com/rocm/whl-multi-arch/\n"
+            b"torch==2.12.0+rocm7.14.0\ntorchvision==0.27.0+rocm7.14.0\ntriton==3.7.1+git0263a6a6\n"
+            b"cmake>=3.26.1,<4\nsetuptools>=78.1.1,<80.0.0\nwheel\namdsmi==7.0.2\n"
+        ),
         f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.12.0\n",
     }
     return make_tarball(files / f"{top}.tar.gz", contents)
+
+
+def _triton_kernels_archive(releases: Path) -> Path:
+    """What ``https://codeload.github.com/ROCm/triton/tar.gz/<commit>`` serves (vLLM's
+    docker/Dockerfile.rocm:289-299 takes triton_kernels from it): one ``triton-<commit>/`` top directory,
+    the Python package under ``python/triton_kernels/triton_kernels``."""
+    top = f"triton-{TRITON_KERNELS_COMMIT}"
+    package = f"{top}/python/triton_kernels/triton_kernels"
+    contents = {
+        f"{top}/README.md": b"# triton (fixture)\n",
+        f"{top}/python/triton_kernels/pyproject.toml": b"[project]\nname = 'triton_kernels'\n",
+        f"{package}/__init__.py": b"",
+        f"{package}/matmul_ogs.py": b"def matmul_ogs(*args):\n    raise NotImplementedError\n",
+        f"{package}/tensor_details/layout.py": b"LAYOUTS = ()\n",
+        f"{package}/README.md": b"not a Python file: not installed\n",
+    }
+    return make_tarball(releases / f"{top}.tar.gz", contents)
 
 
 def _prebuilt_vllm(files: Path) -> Path:
@@ -450,6 +524,7 @@ def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
     _python_tarball(fx, cache)
+    _triton_kernels_archive(fx.releases)
     files = root / "files"
     fx.serve(THEROCK_MULTI_ARCH, [*therock.stream_artifacts(files, MULTI_ARCH, libs, CP), _prebuilt_vllm(files)])
     fx.serve(THEROCK_NEXT, therock.stream_artifacts(files, NEXT, libs, CP))

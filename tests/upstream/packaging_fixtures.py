@@ -82,14 +82,15 @@ def make_tarball(
     files: Mapping[str, Content],
     modes: Mapping[str, int] | None = None,
     symlinks: Mapping[str, str] | None = None,
+    compressed: bool = True,
 ) -> Path:
-    """A gzip tarball with sorted entries, fixed mtimes and root ownership."""
+    """A tarball (gzip unless not ``compressed``) with sorted entries, fixed mtimes and root ownership."""
     path.parent.mkdir(parents=True, exist_ok=True)
     dirs: set[str] = set()
     for name in [*files, *(symlinks or {})]:
         parts = name.split("/")[:-1]
         dirs.update("/".join(parts[: i + 1]) for i in range(len(parts)))
-    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as archive:
+    with tarfile.open(path, "w:gz" if compressed else "w", format=tarfile.PAX_FORMAT) as archive:
         for name in sorted(dirs):
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, FIXED_EPOCH

@@ -7,7 +7,10 @@ the pipeline (UPSTREAM-FACTS.md):
   an absolute RUNPATH (/opt/rocm-7.0.0/lib); torchao carries a CUDA extension needing libtorch_cuda.so;
   grpcio's extension needs libz.so.1, which the manylinux policy allows;
 - setuptools exists in versions vLLM cannot take (81.0.0 on TheRock's mirror, 80.9.0 here) and one it
-  can (79.0.0); regex in several platform variants, of which the lock keeps one.
+  can (79.0.0); regex in several platform variants, of which the lock keeps one;
+- vLLM's build tools: ``cmake`` (its console script runs fake_cmake.py, standing in for the CMake binary
+  PyPI's wheel carries), ``ninja`` and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt),
+  ninja also at run time (requirements/common.txt).
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ PURE = (
     ("sentencepiece", "0.2.1", ()),
     ("setuptools", "79.0.0", ()),
     ("setuptools", "80.9.0", ()),
+    ("wheel", "0.45.1", ()),
 )
+NINJA = b"""import sys
+
+
+def ninja():
+    if sys.argv[1:] == ["--version"]:
+        print("1.13.0")
+        raise SystemExit(0)
+    raise SystemExit("ninja (fixture): the fixture's cmake builds without it")
+"""
 
 
 def _native_libraries(work: Path) -> dict[str, Path]:
@@ -94,6 +107,22 @@ def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
             "1.78.0",
             f"{cp}-{cp}-{MANYLINUX_2_17}",
             {"grpc/__init__.py": b"", "grpc/_cython/cygrpc.so": native["grpc"]},
+        ),
+        make_wheel(
+            files,
+            "cmake",
+            "3.31.10",
+            f"py3-none-{MANYLINUX_2_17}",
+            {"cmake/__init__.py": Path(__file__).with_name("fake_cmake.py").read_bytes()},
+            entry_points={"console_scripts": {"cmake": "cmake:cmake"}},
+        ),
+        make_wheel(
+            files,
+            "ninja",
+            "1.13.0",
+            "py3-none-manylinux_2_12_x86_64.manylinux_2_17_x86_64",
+            {"ninja/__init__.py": NINJA},
+            entry_points={"console_scripts": {"ninja": "ninja:ninja"}},
         ),
     ]
     return wheels

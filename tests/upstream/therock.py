@@ -5,11 +5,23 @@ shaped after TheRock's packaging (build_tools/packaging/python) and its RELEASES
 - the SDK is the wheels rocm-sdk-core, rocm-sdk-libraries, rocm-sdk-devel, rocm-sdk-device-<isa>;
 - torch requires ``rocm[libraries]==<ver>`` and names its device code through extras ``device-<isa>``:
   per ISA on whl-multi-arch, per sub-family (rocm-bootstrap's bundle, e.g. gfx115x) on whl-next;
-- the index mirrors PyPI packages (numpy, setuptools 81.0.0, filelock) in other versions than PyPI's.
+- the index mirrors PyPI packages (numpy, setuptools 81.0.0, filelock) in other versions than PyPI's;
+- the compiler lives in rocm-sdk-core (``_rocm_sdk_core/lib/llvm/bin``: clang, clang++, amdclang,
+  amdclang++ and ``rocm.cfg``), with the device libraries under ``lib/llvm/amdgcn/bitcode`` and the HIP
+  headers under ``include/hip``; rocm-sdk-devel holds only ``rocm_sdk_devel/_devel.tar``, a tree of
+  ``_rocm_sdk_devel/`` whose files are symlinks into ``_rocm_sdk_core`` plus the CMake packages
+  (``lib/cmake/hip``, ``lib/cmake/hip-lang``) that core lacks, expanded on first use by ``rocm_sdk``
+  (fake_rocm_devel.py; ROCm/TheRock@89553ce build_tools/_therock_utils/py_packaging.py
+  populate_devel_files, templates/rocm-sdk-core/setup.py, base/aux-overlay/CMakeLists.txt);
+- the fake compiler is Debian's clang-19 (real AMDGPU code objects) behind a wrapper that finds its ROCm
+  root, device libraries and headers as TheRock's clang does (``compiler_wrapper``).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,25 +78,60 @@ from rocm_sdk._dist_info import __version__
 
 
 def main():
-    import _rocm_sdk_core
-    root = pathlib.Path(_rocm_sdk_core.__file__).parent
     args = sys.argv[1:]
-    if args[:1] == ['path']:
+    if args[:1] in (['path'], ['init']):
+        try:
+            from rocm_sdk import _devel
+            root = _devel.get_devel_root()
+        except ModuleNotFoundError:
+            print('ERROR: Could not load the `rocm[devel]` package, which is needed for development', file=sys.stderr)
+            sys.exit(1)
+        if args[:1] == ['init']:
+            if '--quiet' not in args:
+                print(f"Devel contents expanded to '{root}'")
+            return
         sub = {'--root': '', '--bin': 'bin', '--cmake': 'lib/cmake'}[args[1]]
         print(root / sub if sub else root)
     elif args[:1] == ['version']:
         print(__version__)
+    elif args[:1] == ['targets']:
+        import _rocm_sdk_core
+        info = pathlib.Path(_rocm_sdk_core.__file__).parent / 'share' / 'therock' / 'dist_info.json'
+        import json
+        print(json.loads(info.read_text())['dist_amdgpu_targets'])
     else:
-        sys.exit('usage: rocm-sdk path --root|--bin|--cmake | version | targets')
+        sys.exit('usage: rocm-sdk path --root|--bin|--cmake | init | version | targets')
 
 
 if __name__ == "__main__":
     main()
 """
-ROCM_SETUP = """from setuptools import find_packages, setup
+ROCM_SETUP = """import os, subprocess, sysconfig
+from setuptools import find_packages, setup
 
 VERSION = {version!r}
 ISAS = {isas!r}
+DEFAULT_TARGET_FAMILY = {default!r}
+
+
+def determine_target_family():
+    # rocm_sdk/_dist_info.py: $ROCM_SDK_TARGET_FAMILY, else what offload-arch reports on this machine
+    # (the interpreter's scripts directory first on PATH), else the default.
+    family = os.getenv("ROCM_SDK_TARGET_FAMILY")
+    if family is None:
+        path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+        try:
+            found = subprocess.check_output(["offload-arch"], env={{**os.environ, "PATH": path}}, text=True)
+            family = next((isa for isa in found.split() if isa in ISAS), None)
+        except (OSError, subprocess.CalledProcessError):
+            family = None
+    family = family or DEFAULT_TARGET_FAMILY
+    if family not in ISAS:
+        raise ValueError(f"Requested ROCM_SDK_TARGET_FAMILY={{family}} is not available")
+    return family
+
+
+TARGET_FAMILY = determine_target_family()
 
 setup(
     name="rocm",
@@ -96,6 +143,7 @@ setup(
     extras_require={{
         "libraries": [f"rocm-sdk-libraries=={{VERSION}}"],
         "devel": [f"rocm-sdk-devel=={{VERSION}}"],
+        "device": [f"rocm-sdk-device-{{TARGET_FAMILY}}=={{VERSION}}"],
         **{{f"device-{{isa}}": [f"rocm-sdk-device-{{isa}}=={{VERSION}}"] for isa in ISAS}},
     }},
 )
@@ -111,9 +159,10 @@ def rocm_sdist(out: Path, version: str) -> Path:
     files = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: rocm\nVersion: {version}\n".encode(),
         f"{top}/pyproject.toml": BUILD_SYSTEM,
-        f"{top}/setup.py": ROCM_SETUP.format(version=version, isas=ALL_ISAS).encode(),
+        f"{top}/setup.py": ROCM_SETUP.format(version=version, isas=ALL_ISAS, default="gfx1151").encode(),
         f"{top}/src/rocm_sdk/__init__.py": ROCM_SDK_INIT.encode(),
         f"{top}/src/rocm_sdk/__main__.py": ROCM_SDK_MAIN.encode(),
+        f"{top}/src/rocm_sdk/_devel.py": Path(__file__).with_name("fake_rocm_devel.py").read_bytes(),
         f"{top}/src/rocm_sdk/_dist_info.py": f"__version__ = {version!r}\n".encode(),
     }
     return make_tarball(out / f"{top}.tar.gz", files)
@@ -121,6 +170,7 @@ def rocm_sdist(out: Path, version: str) -> Path:
 
 def torch_files(stream: Stream, libs: dict[str, Path]) -> dict[str, bytes | Path]:
     init = (
+        "from torch import version\n"
         "from torch import _rocm_init\n"
         "_rocm_init.initialize()\n"
         "from torch._C import _hip_check\n"
@@ -142,24 +192,140 @@ def torch_files(stream: Stream, libs: dict[str, Path]) -> dict[str, bytes | Path
     }
 
 
+# The fake SDK's compiler: Debian's clang-19 (a real AMDGPU backend, real code objects), behind a
+# wrapper that behaves as TheRock's clang does where a build depends on it (see compiler_wrapper).
+HOST_CLANG = {"clang": "clang-19", "clang++": "clang++-19", "amdclang": "clang-19", "amdclang++": "clang++-19"}
+COMPILER_WRAPPER = """#!/bin/sh
+# Stands in for TheRock's lib/llvm/bin/{name} (rocm-sdk-core) with {host}.
+# Its ROCm root is three levels above where it really is: /proc/self/exe resolves a symlink but not a
+# hard link (TheRock lib/llvm/bin/rocm.cfg: --rocm-path='<CFGDIR>/../../..').
+self=$(realpath -- "$0")
+root=$(cd -- "$(dirname -- "$self")/../../.." && pwd)
+hip=
+for arg in "$@"; do
+    case $arg in
+        -v) [ -f "$root/include/hip/hip_runtime.h" ] && echo "Found HIP installation: $root, version {version}" >&2 ;;
+        hip|*.hip) hip=1 ;;
+    esac
+done
+if [ -n "$hip" ]; then
+    if [ ! -f "${{HIP_DEVICE_LIB_PATH:-$root/amdgcn/bitcode}}/ocml.bc" ]; then
+        echo "clang: error: cannot find ROCm device library; provide its path via '--rocm-path' or '--rocm-device-lib-path', or pass '-nogpulib' to build without ROCm device library" >&2
+        exit 1
+    fi
+    if [ ! -f "$root/include/hip/hip_runtime.h" ]; then
+        echo "clang: error: cannot find HIP runtime; provide its path via '--rocm-path', or pass '-nogpuinc' to build without HIP runtime" >&2
+        exit 1
+    fi
+    exec {host} -nogpulib -nogpuinc -isystem "$root/include" "$@"
+fi
+exec {host} "$@"
+"""
+# Just what a kernel and its host-side launch stub need from hip_runtime.h (our own, not AMD's header).
+HIP_RUNTIME_H = b"""#pragma once
+#include <stddef.h>
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+typedef struct { unsigned x, y, z; } dim3;
+typedef int hipError_t;
+typedef struct ihipStream_t *hipStream_t;
+#ifdef __cplusplus
+extern "C" {
+#endif
+hipError_t hipLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shared, hipStream_t stream);
+hipError_t __hipPushCallConfiguration(dim3 grid, dim3 block, size_t shared, hipStream_t stream);
+hipError_t __hipPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, hipStream_t *stream);
+#ifdef __cplusplus
+}
+#endif
+"""
+
+
+def host_compiler(name: str) -> str:
+    """The absolute path of Debian's clang-19 driver ``name`` stands in for; the tests need it."""
+    found = shutil.which(HOST_CLANG[name])
+    if found is None:
+        raise RuntimeError(
+            f"the fake ROCm SDK compiles HIP with Debian's {HOST_CLANG[name]}, which is not installed "
+            "(apt-get install clang-19 lld-19 clang-tools-19; .ci/run does)"
+        )
+    return found
+
+
+def compiler_wrapper(name: str, version: str) -> bytes:
+    """``_rocm_sdk_core/lib/llvm/bin/<name>``. Like TheRock's clang it needs the device libraries
+    ($HIP_DEVICE_LIB_PATH, else <root>/amdgcn/bitcode, which only the devel tree has) and the HIP headers
+    of its ROCm root, and its ``-v`` names that root ("Found HIP installation"), which CMake reads."""
+    return COMPILER_WRAPPER.format(name=name, host=host_compiler(name), version=version).encode()
+
+
+def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
+    files: dict[str, bytes | Path] = {
+        "_rocm_sdk_core/__init__.py": b"",
+        "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
+        "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
+        "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
+        "_rocm_sdk_core/lib/llvm/bin/rocm.cfg": b"--rocm-path='<CFGDIR>/../../..'\n",
+        "_rocm_sdk_core/lib/llvm/amdgcn/bitcode/ocml.bc": b"BC\xc0\xde fixture device library\n",
+        "_rocm_sdk_core/include/hip/hip_runtime.h": HIP_RUNTIME_H,
+        "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
+        "_rocm_sdk_core/share/therock/dist_info.json": json.dumps({"dist_amdgpu_targets": ";".join(ALL_ISAS)}).encode(),
+    }
+    for name in HOST_CLANG:
+        files[f"_rocm_sdk_core/lib/llvm/bin/{name}"] = compiler_wrapper(name, version)
+    return files
+
+
+#: Files of core the devel tree links to, and what only the devel tree has.
+DEVEL_ONLY = {
+    "lib/cmake/hip/hip-config.cmake": b"# fixture: find_package(hip)\n",
+    "lib/cmake/hip-lang/hip-lang-config.cmake": b"# fixture: enable_language(HIP) checks that this exists\n",
+}
+
+
+def devel_tarball(core: dict[str, bytes | Path], out: Path) -> Path:
+    """``rocm_sdk_devel/_devel.tar`` (uncompressed, as TheRock's CI publishes it): ``_rocm_sdk_devel/``
+    with each core file as a relative symlink into ``_rocm_sdk_core``, the top-level ``bin/amdclang*``
+    links, the ``llvm`` and ``amdgcn`` directory links, and the CMake packages core lacks."""
+    top = "_rocm_sdk_devel"
+    files: dict[str, bytes | Path] = {f"{top}/__init__.py": b"", **{f"{top}/{k}": v for k, v in DEVEL_ONLY.items()}}
+    symlinks = {
+        f"{top}/llvm": "lib/llvm",
+        f"{top}/amdgcn": "lib/llvm/amdgcn",
+        f"{top}/lib/libamdhip64.so": "libamdhip64.so.7",
+    }
+    for name in core:
+        relative = name.removeprefix("_rocm_sdk_core/")
+        if relative in ("__init__.py",) or relative.startswith("share/"):
+            continue
+        link = f"{top}/{relative}"
+        symlinks[link] = os.path.relpath(name, os.path.dirname(link))
+    for name in ("amdclang", "amdclang++"):
+        symlinks[f"{top}/bin/{name}"] = f"../lib/llvm/bin/{name}"
+    return make_tarball(out / "_devel.tar", files, symlinks=symlinks, compressed=False)
+
+
+def device_link_manifest(isa: str, version: str) -> bytes:
+    """``_rocm_sdk_libraries/.devel_links/<isa>.json``: what ``rocm-sdk init`` links into the devel tree."""
+    kpack = f"lib/.kpack/rocblas_{isa}.kpack"
+    links = [{"relpath": kpack, "target": f"../../../_rocm_sdk_libraries/{kpack}"}]
+    return json.dumps({"version": version, "links": links}).encode()
+
+
 def stream_artifacts(files: Path, stream: Stream, libs: dict[str, Path], cp: str) -> list[Path]:
     """Every file one TheRock stream serves."""
     v, py_tag = stream.rocm, f"py3-none-{LINUX}"
+    core = core_files(v, libs)
+    devel: dict[str, bytes | Path] = {
+        "rocm_sdk_devel/__init__.py": b"from ._dist_info import __version__\n",
+        "rocm_sdk_devel/_dist_info.py": f"__version__ = {v!r}\n".encode(),
+        "rocm_sdk_devel/_devel.tar": devel_tarball(core, files.parent / "_work" / f"devel-{v}"),
+    }
+    executables = tuple(f"_rocm_sdk_core/lib/llvm/bin/{name}" for name in HOST_CLANG)
     artifacts = [
         rocm_sdist(files, v),
-        make_wheel(
-            files,
-            "rocm-sdk-core",
-            v,
-            py_tag,
-            {
-                "_rocm_sdk_core/__init__.py": b"",
-                "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
-                "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
-                "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
-                "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
-            },
-        ),
+        make_wheel(files, "rocm-sdk-core", v, py_tag, core, executables=executables),
         make_wheel(
             files,
             "rocm-sdk-libraries",
@@ -168,21 +334,13 @@ def stream_artifacts(files: Path, stream: Stream, libs: dict[str, Path], cp: str
             {"_rocm_sdk_libraries/__init__.py": b"", "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"]},
             requires=(f"rocm-sdk-core=={v}",),
         ),
-        make_wheel(
-            files,
-            "rocm-sdk-devel",
-            v,
-            py_tag,
-            {
-                "_rocm_sdk_devel/__init__.py": b"",
-                "_rocm_sdk_devel/include/hip/hip_runtime.h": b"/* fixture */\n",
-                "_rocm_sdk_devel/lib/cmake/hip/hip-config.cmake": b"# fixture\n",
-            },
-            requires=(f"rocm-sdk-core=={v}",),
-        ),
+        make_wheel(files, "rocm-sdk-devel", v, py_tag, devel, requires=(f"rocm-sdk-core=={v}",)),
     ]
     for isa in ALL_ISAS:
-        kpack = {f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode()}
+        kpack = {
+            f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode(),
+            f"_rocm_sdk_libraries/.devel_links/{isa}.json": device_link_manifest(isa, v),
+        }
         artifacts.append(make_wheel(files, f"rocm-sdk-device-{isa}", v, py_tag, kpack, (f"rocm-sdk-libraries=={v}",)))
     holders: dict[str, list[str]] = {}
     for isa in ALL_ISAS:

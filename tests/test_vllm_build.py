@@ -1,0 +1,313 @@
+"""vLLM's ROCm build, for real: the fixture's vLLM compiles HIP with Debian's clang-19 behind the fake SDK
+(real gfx11xx code objects), through the locked cmake, against the devel tree expanded in scratch. These
+tests hold the build to what a release needs: kernels for every ISA or a one-line failure, a Python-only
+vLLM only on request, the cached site stage untouched, no network, and the same bytes on any builder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    REPO,
+    assert_one_line_error,
+    bundle_args,
+    bundle_cli,
+    copy_recipes,
+    lock_against,
+    run_cli,
+    tree_digest,
+)
+from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, TRITON_KERNELS_COMMIT, VLLM_CMAKE, Fixture
+from tests.upstream.server import UpstreamServer
+from vllm_bundle.assemble import Layout, library_dirs
+from vllm_bundle.offload import fatbin_isas
+from vllm_bundle.recipes import load_recipes
+
+SITE = f"lib/python{PYTHON_MINOR}/site-packages"
+TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
+RULE = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0")
+BUILD_ONLY = ("cmake", "wheel", "rocm-sdk-devel")
+
+
+def stages_of(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {line.split()[1]: line.split()[2] for line in result.stdout.splitlines() if line.startswith("stage")}
+
+
+def copy_build(built: Path, dest: Path) -> Path:
+    shutil.copytree(built, dest, symlinks=True)
+    return dest
+
+
+# -- what a ROCm build puts in the bundle ---------------------------------------------------------------
+
+
+def test_every_hip_extension_carries_code_objects_for_the_target(built: Path) -> None:
+    root = built / "gfx1151" / "root"
+    site = root / SITE
+    for name in RULE.names:
+        assert (site / "vllm" / f"{name}.abi3.so").is_file(), name
+    for name in RULE.device_code:
+        assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == {"gfx1151"}, name
+    for name in set(RULE.names) - set(RULE.device_code):
+        assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == set(), f"{name} is host C++"
+    kernels = site / "vllm" / "third_party" / "triton_kernels"
+    assert (kernels / "matmul_ogs.py").is_file() and (kernels / "tensor_details" / "layout.py").is_file()
+    assert not (kernels / "README.md").exists(), "only the *.py of the locked triton_kernels source"
+    assert not (site / "vllm" / "vllm-rs").exists(), "no Rust frontend: its crates are not locked"
+    header = (root / "bin" / "vllm-server").read_text().splitlines()[3]
+    assert header == "# vLLM build: rocm"
+    release = json.loads((built.parent / "bundles" / TAG / "release.json").read_text())
+    assert release["versions"]["vllm"] == "0.33.0+rocm714", "vLLM's own local version of a ROCm 7.14 build"
+    assert release["vllm_build"] == {
+        "device": "rocm",
+        "isas": ["gfx1151"],
+        "extensions": {name: ["gfx1151"] for name in RULE.device_code},
+    }
+
+
+def test_the_extensions_load_and_name_no_build_path(built: Path, tmp_path: Path) -> None:
+    """Linked against the SDK's HIP runtime (found through the launcher's library path); ``__FILE__`` was
+    mapped to /vllm-bundle-build, so nothing names the directory the build ran in."""
+    root = Path(shutil.copytree(built / "gfx1151" / "root", tmp_path / "elsewhere", symlinks=True))
+    layout = Layout(root, PYTHON_MINOR)
+    env = {"LD_LIBRARY_PATH": ":".join(str(layout.site / d) for d in library_dirs(layout))}
+    code = "import ctypes, sys; [ctypes.CDLL(p) for p in sys.argv[1:]]"
+    libraries = [str(layout.site / "vllm" / f"{name}.abi3.so") for name in RULE.names]
+    loaded = subprocess.run([str(layout.python), "-c", code, *libraries], env=env, capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    data = (layout.site / "vllm" / "_C.abi3.so").read_bytes()
+    assert b"/vllm-bundle-build/.vllm-wheel.build/src/csrc/torch_bindings.hip" in data
+    assert str(built.resolve()).encode() not in data
+
+
+def test_what_only_the_build_needs_is_locked_and_never_shipped(
+    locked: Path, built: Path, fixture_tree: Fixture
+) -> None:
+    with (locked / "locks" / "stable" / "pylock.gfx1151.toml").open("rb") as handle:
+        pylock = tomllib.load(handle)
+    assert pylock["dependency-groups"] == ["build"]
+    markers = {p["name"]: p.get("marker") for p in pylock["packages"]}
+    for name in BUILD_ONLY:
+        assert markers[name] == "'build' in dependency_groups", name
+    assert markers["ninja"] is None, "ninja is vLLM's run-time need too (requirements/common.txt)"
+    lock = tomllib.loads((locked / "locks" / "stable" / "gfx1151.toml").read_text())
+    (kernels,) = [a for a in lock["artifacts"] if a["role"] == "triton-kernels"]
+    filename = f"triton-{TRITON_KERNELS_COMMIT}.tar.gz"
+    assert kernels["url"] == f"https://codeload.github.com/ROCm/triton/tar.gz/{TRITON_KERNELS_COMMIT}"
+    assert kernels["filename"] == filename and kernels["sha256"] == fixture_tree.sha256(filename)
+    assert kernels["size"] == (fixture_tree.releases / filename).stat().st_size
+    site = built / "gfx1151" / "root" / SITE
+    assert not list(site.glob("cmake*")) and not list(site.glob("wheel*")), "build tools stay out of the bundle"
+    assert not list(site.glob("*rocm_sdk_devel*")), "no devel tree, no devel wheel in the bundle"
+
+
+# -- how the build runs ------------------------------------------------------------------------------------
+
+
+def test_the_build_leaves_the_cached_site_stage_as_it_was(
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """TheRock's ``rocm-sdk path --root`` would expand the devel tarball into the interpreter's own
+    site-packages and append to other wheels' RECORD files: the build never runs it there."""
+    build = copy_build(built, tmp_path / "build")
+    site = build / "gfx1151" / "site"
+    before = tree_digest(site)
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stages_of(result)["site"] == "cached" and stages_of(result)["vllm-wheel"] == "built"
+    assert tree_digest(site) == before, "not a byte, mode or RECORD row of the site stage changed"
+    assert not (site / "lib" / f"python{PYTHON_MINOR}" / "site-packages" / "_rocm_sdk_devel").exists()
+    leftovers = [p.name for p in (build / "gfx1151").iterdir() if p.name.endswith((".build", ".tmp"))]
+    assert leftovers == [], "the build's scratch space is gone"
+
+
+def test_the_build_opens_no_connection(built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    """The wheel stage, rebuilt in a network namespace of its own (nothing reachable, not even the
+    loopback upstream): everything it needs is a locked, cached input."""
+    build = copy_build(built, tmp_path / "build")
+    args = [*bundle_args(locked, upstream, build, built.parent / "cache"), "--offline", "--force", "vllm-wheel"]
+    command = ["unshare", "--net", sys.executable, "-m", "vllm_bundle", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    assert "unshare failed" not in result.stderr, "this test needs unshare(1) as root (CI runs the suite as root)"
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stages_of(result)["vllm-wheel"] == "built"
+    assert upstream.log == [], "no request reached the upstream"
+
+
+def test_a_builder_with_ccache_rust_and_a_gpu_builds_the_same_bytes(
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """setup.py uses ccache/sccache when it finds them, builds the Rust frontend where rustc runs, and
+    TheRock's rocm sdist asks ``offload-arch`` for the machine's GPU: none of it may change a byte."""
+    tools, marker = tmp_path / "tools", tmp_path / "ran"
+    tools.mkdir()
+    scripts = {
+        "ccache": f'#!/bin/sh\necho ccache >> "{marker}"\nexec "$@"\n',
+        "sccache": f'#!/bin/sh\necho sccache >> "{marker}"\nexec "$@"\n',
+        "rustc": "#!/bin/sh\necho 'rustc 1.95.0 (59807616e 2026-04-14)'\n",
+        "cargo": f'#!/bin/sh\necho cargo >> "{marker}"\n',
+        "offload-arch": "#!/bin/sh\necho gfx1100\n",
+    }
+    for name, text in scripts.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
+    env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    args = bundle_args(locked, upstream, tmp_path / "build", built.parent / "cache")
+    result = run_cli(*args, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not marker.exists(), f"the build ran {marker.read_text() if marker.exists() else ''}"
+    assert tree_digest(tmp_path / "bundles" / TAG) == tree_digest(built.parent / "bundles" / TAG)
+
+
+# Runs the CLI with one piece of the build environment changed, to show that piece is what the build needs.
+PATCHED_BUILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import vllm_bundle.vllm_build as build
+    change = sys.argv[1]
+    original = build.rocm_environment
+    def rocm_environment(target, devel, core, rocm, kernels, root):
+        env = original(target, devel, core, rocm, kernels, root)
+        if change == "no-triton-kernels":
+            del env["TRITON_KERNELS_SRC_DIR"]
+        elif change == "core-compiler":
+            env["HIPCXX"] = env["CXX"] = str(core / "lib" / "llvm" / "bin" / "clang++")
+        elif change == "no-prefix-maps":
+            env["CFLAGS"] = env["CXXFLAGS"] = env["HIPFLAGS"] = ""
+        return env
+    build.rocm_environment = rocm_environment
+    if change == "devel-symlinks":
+        build._hard_link_file_symlinks = lambda root: None
+    from vllm_bundle.cli import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.parametrize(
+    ("change", "stage", "why"),
+    [
+        # vLLM's configure step clones triton_kernels unless pointed at it; the build has no network
+        ("no-triton-kernels", "vllm-wheel", "FETCHCONTENT_FULLY_DISCONNECTED is set but triton_kernels was never"),
+        # core's compiler takes core for its ROCm root, which has no CMake packages: the devel tree's is needed
+        ("core-compiler", "vllm-wheel", "does not contain the HIP runtime CMake package"),
+        # TheRock turns the devel tree's file symlinks into hard links for that very reason
+        ("devel-symlinks", "vllm-wheel", "does not contain the HIP runtime CMake package"),
+        # without prefix maps, __FILE__ puts the build directory into the extensions
+        ("no-prefix-maps", "vllm-wheel", "vllm/_C.abi3.so names the build directory"),
+    ],
+)
+def test_each_part_of_the_build_environment_is_needed(
+    change: str, stage: str, why: str, built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    build = copy_build(built, tmp_path / "build")
+    args = [*bundle_args(locked, upstream, build, built.parent / "cache"), "--force", "vllm-wheel"]
+    result = subprocess.run(
+        [sys.executable, "-c", PATCHED_BUILD, change, *args], capture_output=True, text=True, timeout=300
+    )
+    assert_one_line_error(result, quotes_a_log=True)
+    assert why in result.stderr, result.stderr[-3000:]
+    assert stage not in [name for name, state in stages_of(result).items() if state == "built"]
+    assert not (build / "gfx1151" / f".{stage}.stage.json").exists(), "the failed stage is not stamped"
+
+
+def test_an_sdk_without_its_compiler_fails_in_one_line(
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """A rocm-sdk-core without the compiler (a path that moved, a broken wheel): one line, no fallback."""
+    build = copy_build(built, tmp_path / "build")
+    (build / "gfx1151" / "site" / SITE / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang++").unlink()
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel")
+    assert_one_line_error(result, "the ROCm SDK has no compiler at", "_rocm_sdk_devel/lib/llvm/bin/clang++")
+    assert not (build / "gfx1151" / "vllm-wheel").exists()
+
+
+def test_a_lock_without_the_devel_wheel_fails_in_one_line(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    """The channel names no sdk-build-wheels: the build stops naming the devel part, never Python-only."""
+    recipes = copy_recipes(tmp_path / "recipes")
+    channels = recipes / "channels.toml"
+    channels.write_text(channels.read_text().replace('sdk-build-wheels = ["rocm-sdk-devel"]\n', ""))
+    assert lock_against(upstream, recipes, "gfx1151", built.parent / "cache").returncode == 0
+    result = bundle_cli(recipes, upstream, tmp_path / "build", built.parent / "cache")
+    assert_one_line_error(result, "the ROCm SDK's devel part is missing", "re-lock")
+    assert "vllm-wheel" not in stages_of(result)
+
+
+# -- Python-only, only when asked ------------------------------------------------------------------------
+
+
+def test_a_python_only_vllm_is_built_only_when_asked_and_says_so(
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    build = copy_build(built, tmp_path / "build")
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--python-only-vllm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "vLLM built Python-only on request (--python-only-vllm)" in result.stdout
+    assert "ok   vllm-device-code   Python-only vLLM, built on request" in result.stdout
+    release = json.loads((tmp_path / "bundles" / TAG / "release.json").read_text())
+    assert release["vllm_build"]["device"] == "python-only" and "no GPU kernels" in release["vllm_build"]["note"]
+    assert release["versions"]["vllm"] == "0.33.0+empty"
+    root = build / "gfx1151" / "root"
+    assert not list((root / SITE / "vllm").glob("*.so"))
+    started = subprocess.run([str(root / "bin" / "vllm-server")], capture_output=True, text=True, env={}, timeout=60)
+    assert "this bundle's vLLM was built Python-only on request" in started.stderr
+
+
+# -- a multi-ISA target, and an ISA lost on the way --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rdna3(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the locked recipes with a gfx110X (four ISAs) lock too."""
+    recipes = tmp_path_factory.mktemp("rdna3") / "recipes"
+    shutil.copytree(locked, recipes)
+    result = lock_against(_server, recipes, "gfx110X", recipes.parent / "lock-cache")
+    assert result.returncode == 0, result.stderr
+    return recipes
+
+
+def rdna3_args(recipes: Path, upstream: UpstreamServer, build: Path, *extra: str) -> list[str]:
+    args = bundle_args(recipes, upstream, build, recipes.parent / "lock-cache")
+    return [args[0], "gfx110X", *args[2:], "--no-archive", *extra]
+
+
+def test_a_multi_isa_target_gets_code_objects_for_each_isa(
+    rdna3: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    result = run_cli(*rdna3_args(rdna3, upstream, tmp_path / "build"), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    site = tmp_path / "build" / "gfx110X" / "root" / SITE
+    for name in RULE.device_code:
+        assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == {"gfx1100", "gfx1101", "gfx1102", "gfx1103"}, name
+
+
+def drop_gfx1103_patch() -> str:
+    """A patch of the fixture's CMakeLists.txt that takes gfx1103 out of HIP_SUPPORTED_ARCHS."""
+    line = next(ln for ln in VLLM_CMAKE.splitlines() if ln.startswith("set(HIP_SUPPORTED_ARCHS"))
+    header = "Patch: drop-gfx1103\nVersions: >=0.33\nWhy: a release (or a patch) whose list lacks an ISA.\n\n"
+    hunk = ["--- a/CMakeLists.txt", "+++ b/CMakeLists.txt", "@@ -4,3 +4,3 @@", " # Supported AMD GPU architectures."]
+    hunk += [f"-{line}", f"+{line.replace(';gfx1103', '')}", " "]
+    return header + "\n".join(hunk) + "\n"
+
+
+def test_a_build_that_loses_an_isa_fails_in_one_line(rdna3: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+    """vLLM drops an ISA its list lacks without failing (cmake/utils.cmake override_gpu_arches): here a
+    series without the architecture check, whose patch removes gfx1103, builds kernels for three of four."""
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "drop-gfx1103.patch").write_text(drop_gfx1103_patch())
+    (patches / "series").write_text("drop-gfx1103.patch\n")
+    result = run_cli(*rdna3_args(rdna3, upstream, tmp_path / "build", "--patches", str(patches)), timeout=600)
+    last = assert_one_line_error(result, "the ROCm build of vLLM 0.33.0 is not fit for gfx110X", quotes_a_log=True)
+    assert "has no code objects for gfx1103 (it has gfx1100, gfx1101, gfx1102)" in last
+    assert not (tmp_path / "build" / "gfx110X" / "vllm-wheel").exists(), "nothing stamped"
