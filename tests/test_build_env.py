@@ -66,7 +66,9 @@ def test_rocm_build_environment(tmp_path: Path, target: str, arch: str) -> None:
 def test_the_sdk_without_its_compiler_is_one_line(tmp_path: Path) -> None:
     devel = _devel(tmp_path)
     (devel / "lib" / "llvm" / "bin" / "clang++").unlink()
-    with pytest.raises(vllm_build.BuildError, match=r"the ROCm SDK has no compiler at .*/lib/llvm/bin/clang\+\+"):
+    with pytest.raises(
+        vllm_build.BuildError, match=r"the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang\+\+ is missing"
+    ):
         rocm_environment(RECIPES.target("gfx1151"), devel, tmp_path, _rocm(tmp_path), None, tmp_path)
 
 

@@ -226,7 +226,7 @@ def test_an_sdk_without_its_compiler_fails_in_one_line(
     build = copy_build(built, tmp_path / "build")
     (build / "gfx1151" / "site" / SITE / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang++").unlink()
     result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel")
-    assert_one_line_error(result, "the ROCm SDK has no compiler at", "_rocm_sdk_devel/lib/llvm/bin/clang++")
+    assert_one_line_error(result, "the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang++ is missing")
     assert not (build / "gfx1151" / "vllm-wheel").exists()
 
 

@@ -145,7 +145,7 @@ def expand_devel(site: Path, core: Path) -> Path:
     if tarball is None:
         raise BuildError(
             "the ROCm SDK's devel part is missing: no rocm_sdk_devel/_devel.tar in the lock's build group",
-            "re-lock (the channel's sdk-build-wheels name rocm-sdk-devel)",
+            "re-lock; the channel's sdk-build-wheels must name rocm-sdk-devel",
         )
     (site / CORE).symlink_to(core, target_is_directory=True)
 
@@ -184,14 +184,15 @@ def _hard_link_file_symlinks(root: Path) -> None:
 
 
 def compilers(devel: Path) -> tuple[Path, Path]:
-    """The SDK's clang and clang++, run from the devel tree (TheRock's own PyTorch builds use these)."""
+    """The SDK's clang and clang++, run from the devel tree (TheRock's own PyTorch builds use these;
+    they are rocm-sdk-core's, linked into the devel tree)."""
     llvm_bin = devel / "lib" / "llvm" / "bin"
     found = llvm_bin / "clang", llvm_bin / "clang++"
     missing = [p for p in found if not p.is_file()]
     if missing:
         raise BuildError(
-            f"the ROCm SDK has no compiler at {missing[0]}",
-            "check the lock's rocm-sdk-core and rocm-sdk-devel wheels (they must be one ROCm release)",
+            f"the ROCm SDK has no compiler: {CORE}/lib/llvm/bin/{missing[0].name} is missing",
+            "check that the lock's rocm-sdk-core and rocm-sdk-devel are one ROCm release, the compiler in core",
         )
     return found
 
