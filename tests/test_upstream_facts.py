@@ -325,6 +325,10 @@ def test_vllm_0_33_rocm_build_facts(vllm_sdist: VllmSdists) -> None:
     assert 'raise RuntimeError("Cannot find CMake executable")' in setup
     assert 'default_cfg = "Debug" if self.debug else "RelWithDebInfo"' in setup
     assert 'return which("ccache") is not None' in setup and 'os.environ.get("CMAKE_ARGS")' in setup
+    assert 'build_tool = ["-G", "Ninja"]' in setup
+    assert 'return "rocm" + "".join(rocm_version.split(".")[:2])' in setup, "0.33.0+rocm714 for ROCm 7.14"
+    assert 'version += f"{sep}empty"' in setup, "0.33.0+empty for a Python-only build"
+    assert "optional=not should_require_rust_frontend()" in setup, "the Rust frontend is optional"
     assert "-ffile-prefix-map" not in setup + texts["CMakeLists.txt"], "no prefix maps of its own"
 
 
