@@ -278,7 +278,6 @@ def _vllm_wheel(
     layout = Layout(site.path, recipes.python.minor)
     rocm = None
     if not plan.python_only:
-        assert recipes.vllm.triton_kernels is not None
         kernels = None
         if TRITON_KERNELS in lock.roles:
             archive = lock.artifact(TRITON_KERNELS)

@@ -360,7 +360,6 @@ def _vllm_inputs(
     build_lines = ["# vLLM's build requirements (torch family and index options removed)"]
     build_lines += [f"-r {path}" for path in build.top_files]
     artifacts = {"vllm-sdist": sdist}
-    assert recipes.vllm.triton_kernels is not None
     kernels = lock_archive(recipes.vllm.triton_kernels, blob, recipes.vllm.version, fetcher, mirror)
     if kernels is not None:
         artifacts[TRITON_KERNELS] = kernels
@@ -418,8 +417,11 @@ def _resolve_build_group(
         return []
     therock, pypi = sources.therock(channel, target), sources.pypi(channel)
     pins = locked_versions(runtime)
-    # TheRock's packages come from its index only: the bundle's, pinned, and the SDK's build wheels.
-    build_owned = [Owned(name, channel.versions["rocm"]) for name in build_wheels]
+    # TheRock's packages come from its index only: the bundle's, pinned, and the SDK's build wheels of the
+    # very ROCm release the bundle's SDK is.
+    build_owned = [
+        Owned(name, f"=={pins[SDK_CORE]}" if SDK_CORE in pins else channel.versions["rocm"]) for name in build_wheels
+    ]
     build_owned += [
         Owned(o.name, f"=={pins[canonicalize_name(o.name)]}") for o in owned if canonicalize_name(o.name) in pins
     ]

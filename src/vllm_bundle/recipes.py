@@ -151,10 +151,10 @@ class VllmRecipe:
     drop_requirements: tuple[str, ...]
     attention: tuple[AttentionRule, ...]
     torch: str  # the torch releases this vLLM version supports (a specifier; the channel narrows it)
+    triton_kernels: TritonKernels
     servers: tuple[ServerRule, ...] = ()
     build_requirement_files: tuple[str, ...] = ()
     cmake_build_type: str = "Release"
-    triton_kernels: TritonKernels | None = None
     extensions: tuple[ExtensionRule, ...] = ()
 
     def server_rule(self, version: str | None = None) -> ServerRule:

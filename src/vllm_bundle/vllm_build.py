@@ -327,7 +327,7 @@ def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -
             stdout=handle,
             stderr=subprocess.STDOUT,
             check=False,
-            preexec_fn=lambda: os.umask(0o022),  # files the build writes get the same modes everywhere
+            umask=0o022,  # the files the build writes get the same modes on every builder
         )
     return result.returncode
 
