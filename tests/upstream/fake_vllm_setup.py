@@ -14,8 +14,9 @@ nothing but the bundle's interpreter and the locked build tools):
 - the version's local part is ``rocm<major><minor>`` of the ROCm version (setup.py:646-651, 1383-1389);
 - the Rust frontend ``vllm/vllm-rs`` is built only where ``rustc -V`` works (setuptools-rust skips an
   optional extension otherwise, tools/build_rust.py);
-- the wheel's zip entries carry ``$SOURCE_DATE_EPOCH`` when set, else the files' times, and the files'
-  modes, as the ``wheel`` package's bdist_wheel writes them.
+- the wheel's zip entries carry ``$SOURCE_DATE_EPOCH`` when set, else the files' times (never before
+  1980), and the files' modes, as bdist_wheel writes them (pypa/wheel:src/wheel/wheelfile.py,
+  get_zipinfo_datetime and WheelFile.write).
 """
 
 from __future__ import annotations

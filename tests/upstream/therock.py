@@ -256,7 +256,9 @@ def host_compiler(name: str) -> str:
 def compiler_wrapper(name: str, version: str) -> bytes:
     """``_rocm_sdk_core/lib/llvm/bin/<name>``. Like TheRock's clang it needs the device libraries
     ($HIP_DEVICE_LIB_PATH, else <root>/amdgcn/bitcode, which only the devel tree has) and the HIP headers
-    of its ROCm root, and its ``-v`` names that root ("Found HIP installation"), which CMake reads."""
+    of its ROCm root, failing with clang's own messages, and its ``-v`` names that root ("Found HIP
+    installation: <root>, version <v>", llvm-project clang/lib/Driver/ToolChains/AMDGPU.cpp
+    RocmInstallationDetector), which CMake reads (Modules/CMakeDetermineHIPCompiler.cmake)."""
     return COMPILER_WRAPPER.format(name=name, host=host_compiler(name), version=version).encode()
 
 
