@@ -49,6 +49,11 @@ def test_moved_bundle_runs_with_an_empty_environment(built: Path, tmp_path: Path
     assert report["env"]["PYTHONNOUSERSITE"] == "1"
     assert report["env"]["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
     assert report["env"]["CC"].startswith(str(moved)) and "/llvm/bin/clang" in report["env"]["CC"]
+    site = moved / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
+    assert report["env"]["LD_LIBRARY_PATH"].split(":") == [
+        str(site / d)
+        for d in ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries/lib", "torch/lib")
+    ], "the SDK's, its clang's (libomp) and torch's libraries"
 
 
 def test_callers_pythonpath_stays_first(built: Path, tmp_path: Path) -> None:
@@ -65,6 +70,7 @@ def test_bundle_tree_is_relocatable_and_pruned(built: Path, tmp_path: Path) -> N
     root = built / "gfx1151" / "root"
     site = root / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
     assert not (site / "pip").exists(), "pruned"
+    assert (site / "ninja").is_dir() and (root / "bin" / "ninja").is_file(), "vLLM's run-time need, kept"
     assert not list(root.rglob("__pycache__"))
     assert (site / "torch" / "lib" / ".kpack" / "torch_hip_gfx1151.kpack").is_file(), "hidden device code kept"
     assert (site / "_rocm_sdk_libraries" / "lib" / ".kpack" / "rocblas_gfx1151.kpack").is_file()

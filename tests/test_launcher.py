@@ -21,7 +21,7 @@ STAND_IN = """#!/bin/sh
 exec "{python}" -c '
 import json, os, sys
 keys = ["LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONNOUSERSITE", "FLASH_ATTENTION_TRITON_AMD_ENABLE", "CC",
-        "VLLM_ATTENTION_BACKEND"]
+        "VLLM_ATTENTION_BACKEND", "ROCPROFILER_QUEUE_INTERPOSITION", "HIP_FORCE_DEV_KERNARG", "HSA_NO_SCRATCH_RECLAIM"]
 print(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "env": {{k: os.environ.get(k) for k in keys}}}}))
 ' "$@"
 """
@@ -41,6 +41,7 @@ def make_root(root: Path, vllm_version: str) -> Path:
             vllm_version=vllm_version,
             target="gfx1151",
             server=RECIPES.vllm.server_rule(vllm_version),
+            defaults=RECIPES.launcher_defaults,
         )
     )
     launcher.chmod(0o755)
@@ -103,6 +104,16 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
     assert env["CC"] == str(site / CLANG)
     assert env["PYTHONPATH"] is None
     assert env["VLLM_ATTENTION_BACKEND"] is None, "0.33 ignores the variable; the flag is used"
+    assert env["ROCPROFILER_QUEUE_INTERPOSITION"] == "0", "torch 2.12 can hang at HSA teardown without it"
+    assert env["HIP_FORCE_DEV_KERNARG"] == "1" and env["HSA_NO_SCRATCH_RECLAIM"] == "1"
+
+
+def test_a_callers_own_values_win_over_the_defaults(root: Path) -> None:
+    env = {"ROCPROFILER_QUEUE_INTERPOSITION": "1", "HIP_FORCE_DEV_KERNARG": ""}
+    report = start(make_root(root, "0.33.0"), env=env)
+    assert report["env"]["ROCPROFILER_QUEUE_INTERPOSITION"] == "1"
+    assert report["env"]["HIP_FORCE_DEV_KERNARG"] == "", "even an empty value is the caller's choice"
+    assert report["env"]["HSA_NO_SCRATCH_RECLAIM"] == "1"
 
 
 @pytest.mark.parametrize(

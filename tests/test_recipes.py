@@ -79,6 +79,14 @@ def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
             "requirement-files = []",
             "components.toml: vllm.requirement-files",
         ),
+        ("components.toml", 'cmake-build-type = "Release"', 'cmake-build-type = "Fast"', "vllm.cmake-build-type"),
+        ("components.toml", 'device-code = ["_C", ', 'device-code = ["_X", ', "vllm.extensions[0].device-code"),
+        (
+            "launcher.toml",
+            'HIP_FORCE_DEV_KERNARG = "1"',
+            'HIP_FORCE_DEV_KERNARG = "1; rm -rf ~"',
+            "launcher.toml: defaults.HIP_FORCE_DEV_KERNARG",
+        ),
     ],
 )
 def test_malformed_recipe_names_file_and_key(recipes_dir: Path, file: str, old: str, new: str, where: str) -> None:

@@ -35,7 +35,10 @@ from vllm_bundle.stage import StageResult, run_stage
 
 STAGE_VERSION = 5
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
-LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
+#: The library path the launcher sets, in order. TheRock's own binaries find these through their RPATH;
+#: Python extensions and tools run from elsewhere (Triton's, the SDK's clang and its libomp in
+#: lib/llvm/lib, TheRock build_tools/github_actions/test_executable_scripts/pytest_runner.py) do not.
+LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
 CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
 
 
@@ -228,11 +231,14 @@ def root_stage(
     out: Path,
     force: bool = False,
     vllm_build: str = "rocm",
+    defaults: Mapping[str, str] | None = None,
 ) -> StageResult:
-    """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher."""
+    """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher;
+    ``defaults``: the variables the launcher sets unless the caller has (launcher.toml)."""
     inputs = {
         "app": app.key,
         "vllm_build": vllm_build,
+        "defaults": dict(defaults or {}),
         "template": template_digest,
         "attention": attention.__dict__.__repr__(),
         "server": list(server.command),
@@ -252,6 +258,7 @@ def root_stage(
             target=target,
             server=server,
             vllm_build=vllm_build,
+            defaults=defaults,
         )
         launcher = tmp / "bin" / "vllm-server"
         launcher.write_text(text)

@@ -163,6 +163,7 @@ def build_bundle(
             base / "root",
             "root" in force,
             vllm_build=device,
+            defaults=recipes.launcher_defaults,
         )
     )
     begin("qualify")

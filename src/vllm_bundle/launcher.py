@@ -7,7 +7,7 @@ interpreter starts, and ``exec`` it so installers' SIGTERM/SIGKILL reach vLLM di
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from vllm_bundle.recipes import AttentionRule, ServerRule
@@ -40,9 +40,11 @@ def render_launcher(
     target: str,
     server: ServerRule,
     vllm_build: str = "rocm",
+    defaults: Mapping[str, str] | None = None,
 ) -> str:
     """``library_dirs`` and ``clang`` are relative to site-packages (they become ``$site/...``);
-    ``vllm_build`` is stated in the header (tier 0 reads it) and warned about when Python-only."""
+    ``vllm_build`` is stated in the header (tier 0 reads it) and warned about when Python-only;
+    ``defaults`` (launcher.toml) are set unless the caller's environment has them."""
     for name in (*library_dirs, clang):
         if any(c in name for c in '"$`\\\n') or name.startswith("/"):
             raise ValueError(f"unsafe path for the launcher: {name!r}")
@@ -60,6 +62,9 @@ def render_launcher(
         "@TARGET@": target,
         "@VLLM_BUILD@": vllm_build,
         "@PYTHON_ONLY_WARNING@": PYTHON_ONLY_WARNING if vllm_build == PYTHON_ONLY else "",
+        "@ENV_DEFAULTS@": "\n".join(
+            f': "${{{name}={value}}}"\nexport {name}' for name, value in (defaults or {}).items()
+        ),
     }
     text = template_text()
     for key, value in values.items():

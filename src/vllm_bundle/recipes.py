@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ RECIPE_SCHEMA = 3
 TARGETS_FILE = "targets.toml"
 CHANNELS_FILE = "channels.toml"
 COMPONENTS_FILE = "components.toml"
+LAUNCHER_FILE = "launcher.toml"
+#: A launcher default must be safe to write into sh unquoted (a name, and a value of these characters).
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+=@%-]*$")
 LAYOUTS = ("multi-arch", "per-family")
 
 T = TypeVar("T")
@@ -181,6 +186,7 @@ class Recipes:
     component_requirements: Mapping[str, tuple[str, ...]]  # rocm/torch/triton -> requirement names
     vllm: VllmRecipe
     raw: Mapping[str, Mapping[str, Any]]  # file name -> parsed TOML, for hashing
+    launcher_defaults: Mapping[str, str]  # launcher.toml: variables bin/vllm-server sets unless the caller has
 
     def target(self, name: str) -> Target:
         if name not in self.targets:
@@ -414,6 +420,18 @@ def _parse_triton_kernels(vllm: Table) -> TritonKernels:
     return TritonKernels(url, filename, table.text("package"))
 
 
+def load_launcher_defaults(root: Path) -> dict[str, str]:
+    """launcher.toml's ``[defaults]``: each a variable name and a value safe in sh without quotes."""
+    defaults = Table(read_toml(root / LAUNCHER_FILE), LAUNCHER_FILE).table("defaults")
+    found = {}
+    for name in defaults.data:
+        value = defaults.get(name, str, "a string")
+        if not ENV_NAME.match(name) or not ENV_VALUE.match(value):
+            raise defaults.fail(name, "a variable name and a value of letters, digits and _.,:/+=@%-")
+        found[name] = value
+    return found
+
+
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
     raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
@@ -442,4 +460,5 @@ def load_recipes(root: Path) -> Recipes:
             extensions=_parse_extensions(vllm),
         ),
         raw=raw,
+        launcher_defaults=load_launcher_defaults(root),
     )

@@ -127,6 +127,7 @@ def _elf_chain(work: Path) -> dict[str, Path]:
         rpath="$ORIGIN",  # libamdhip64 is found only through the launcher's library path
     )
     libs["triton"] = compile_shared(work / "libtriton.so", "libtriton.so", C_LIB.format(name="triton", value=35))
+    libs["omp"] = compile_shared(work / "libomp.so", "libomp.so", C_LIB.format(name="omp", value=5))
     libs["clang"] = compile_shared(work / "clang-20", "", "int main(void) { return 0; }\n", executable=True)
     libs["torch_C"] = compile_shared(
         work / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}",

@@ -268,6 +268,7 @@ def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
         "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
         "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
         "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
+        "_rocm_sdk_core/lib/llvm/lib/libomp.so": libs["omp"],
         "_rocm_sdk_core/lib/llvm/bin/rocm.cfg": b"--rocm-path='<CFGDIR>/../../..'\n",
         "_rocm_sdk_core/lib/llvm/amdgcn/bitcode/ocml.bc": b"BC\xc0\xde fixture device library\n",
         "_rocm_sdk_core/include/hip/hip_runtime.h": HIP_RUNTIME_H,

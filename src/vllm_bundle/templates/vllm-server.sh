@@ -30,6 +30,8 @@ FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE
 export FLASH_ATTENTION_TRITON_AMD_ENABLE
 CC="@CC@"
 export CC
+# What vLLM's own ROCm image sets for this torch (recipes/launcher.toml); a caller's value wins, even empty.
+@ENV_DEFAULTS@
 
 # Triton attention unless the caller chose a backend (--attention-backend, or --attention-config / -ac).
 attention_mode=@ATTENTION_MODE@
