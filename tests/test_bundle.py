@@ -18,7 +18,9 @@ import pytest
 
 from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR
+from tests.upstream.packaging_fixtures import make_wheel
 from tests.upstream.server import UpstreamServer
+from vllm_bundle.assemble import AssembleError, Layout, install_wheels
 from vllm_bundle.errors import BundleError
 from vllm_bundle.fetch import sha256_of
 from vllm_bundle.python_stage import python_stage
@@ -72,8 +74,8 @@ def test_bundle_tree_is_relocatable_and_pruned(built: Path, tmp_path: Path) -> N
     assert not (site / "pip").exists(), "pruned"
     assert (site / "ninja").is_dir() and (root / "bin" / "ninja").is_file(), "vLLM's run-time need, kept"
     assert not list(root.rglob("__pycache__"))
-    assert (site / "torch" / "lib" / ".kpack" / "torch_hip_gfx1151.kpack").is_file(), "hidden device code kept"
-    assert (site / "_rocm_sdk_libraries" / "lib" / ".kpack" / "rocblas_gfx1151.kpack").is_file()
+    assert (site / "torch" / ".kpack" / "torch_gfx1151.kpack").is_file(), "hidden device code kept"
+    assert (site / "_rocm_sdk_libraries" / ".kpack" / "blas_lib_gfx1151.kpack").is_file()
     assert (site / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang-20").is_file(), "versioned clang kept"
     assert os.access(site / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang-20", os.X_OK), "modes preserved"
     script = (root / "bin" / "rocm-sdk").read_text()
@@ -172,6 +174,26 @@ def test_force_redoes_one_stage_and_what_follows_it(
         "unknown stage 'nope'",
         "python, site",
     )
+
+
+# -- wheels that share a file ---------------------------------------------------------------------------
+
+
+def test_wheels_may_ship_the_same_file_with_the_same_bytes_but_not_other_bytes(tmp_path: Path) -> None:
+    """TheRock's SDK wheels share an empty _rocm_sdk_libraries/__init__.py; another file at a path an earlier
+    wheel wrote is a real conflict, refused naming it."""
+    shared = "_rocm_sdk_libraries/__init__.py"
+    first = make_wheel(tmp_path / "w", "rocm-sdk-libraries", "1", "py3-none-any", {shared: b"", "a.py": b"a"})
+    second = make_wheel(tmp_path / "w", "rocm-sdk-device-gfx1151", "1", "py3-none-any", {shared: b"", "b.py": b"b"})
+    layout = Layout(tmp_path / "root", "3.12")
+    install_wheels(layout, [first, second])
+    assert (layout.site / shared).read_bytes() == b""
+    for info in ("rocm_sdk_libraries-1.dist-info", "rocm_sdk_device_gfx1151-1.dist-info"):
+        assert shared in (layout.site / info / "RECORD").read_text(), "both wheels record the file they share"
+    other = make_wheel(tmp_path / "x", "rocm-sdk-device-gfx1100", "1", "py3-none-any", {shared: b"# other\n"})
+    with pytest.raises(AssembleError, match=r"_rocm_sdk_libraries/__init__.py is shipped by an earlier wheel"):
+        install_wheels(layout, [other])
+    assert (layout.site / shared).read_bytes() == b"", "the first file is left as it was"
 
 
 # -- unsafe CPython tarballs -------------------------------------------------------------------------

@@ -15,8 +15,10 @@ from tests.upstream.fixture import Fixture, make_blob
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.cache import Cache
 from vllm_bundle.errors import DiskFullError, HashMismatchError, NetworkError, OfflineMissingError
-from vllm_bundle.fetch import Artifact, Fetcher
+from vllm_bundle.fetch import SHOWN_MISSING, Artifact, Fetcher
+from vllm_bundle.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 from vllm_bundle.progress import PlainReporter
+from vllm_bundle.recipes import load_recipes
 from vllm_bundle.transport import RetryPolicy
 
 FAST = RetryPolicy(attempts=5, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
@@ -264,7 +266,10 @@ def test_unreachable_host_cli_error_is_one_line(tmp_path: Path, locked: Path) ->
 def test_cli_offline_missing_is_one_line(tmp_path: Path, locked: Path) -> None:
     result = run_cli("fetch", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache", "--offline")
     last = assert_one_line_error(result, "--offline", "missing from the cache", "cpython-", "more")
-    assert re.search(r"26 artifact\(s\) missing .* and 18 more", last), last
+    lock, pylock = read_lock(locked / "locks", "stable", "gfx1151")
+    python = load_recipes(locked).python
+    total = len(lock.artifacts) + len(wheel_artifacts(pylock, python.minor, python.platform, frozenset({BUILD_GROUP})))
+    assert re.search(rf"{total} artifact\(s\) missing .* and {total - SHOWN_MISSING} more", last), last
 
 
 def test_cli_disk_full_is_one_line(upstream: UpstreamServer, tmp_path: Path, locked: Path) -> None:

@@ -18,6 +18,7 @@ from tests.upstream.fixture import (
     ROCM_VERSION,
     THEROCK_MULTI_ARCH,
     TORCH_VERSION,
+    TORCHVISION_VERSION,
     TRITON_VERSION,
     Fixture,
 )
@@ -57,6 +58,9 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
         "rocm-sdk-device-gfx1151",
         "torch",
         "amd-torch-device-gfx1151",
+        "amd-torch-device-gfx11",
+        "torchvision",
+        "amd-torchvision-device-gfx1151",
         "triton",
     } <= names
     assert not any(n.endswith(("gfx1100", "gfx950")) for n in names), "only the target's ISAs"
@@ -65,6 +69,7 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
         "python": PYTHON_VERSION,
         "rocm": ROCM_VERSION,
         "torch": TORCH_VERSION,
+        "torchvision": TORCHVISION_VERSION,
         "triton": TRITON_VERSION,
         "vllm": "0.33.0",
     }
@@ -172,13 +177,28 @@ def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: Up
     assert_one_line_error(result, "does not list cpython-3.99.1", "components.toml")
 
 
-def test_lock_with_an_unsatisfiable_version(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("pin", "unsatisfiable", "error"),
+    [
+        ('torch = ">=2.12,<2.13"', 'torch = ">=9"', "uv could not resolve the wheels for gfx1151/stable"),
+        (
+            'rocm = ">=7.14,<7.15"',
+            'rocm = ">=9"',
+            f"torch {TORCH_VERSION} requires ROCm {ROCM_VERSION}, which channel stable does not allow (rocm >=9)",
+        ),
+    ],
+    ids=["torch", "the ROCm torch requires"],
+)
+def test_lock_with_an_unsatisfiable_version(
+    locked: Path, upstream: UpstreamServer, tmp_path: Path, pin: str, unsatisfiable: str, error: str
+) -> None:
     recipes = tmp_path / "recipes"
     shutil.copytree(locked, recipes)
     channels = recipes / "channels.toml"
-    channels.write_text(channels.read_text().replace('rocm = ">=7.14,<7.15"', 'rocm = ">=9"', 1))
+    assert pin in channels.read_text(), f"premise: channels.toml has {pin}"
+    channels.write_text(channels.read_text().replace(pin, unsatisfiable, 1))
     result = lock_against(upstream, recipes, "gfx1151", tmp_path / "cache")
-    assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable", "channels.toml")
+    assert_one_line_error(result, error, "channels.toml")
     assert (recipes / "locks" / "stable" / "gfx1151.toml").read_bytes() == (
         locked / "locks" / "stable" / "gfx1151.toml"
     ).read_bytes(), "a failed lock leaves the old one intact"

@@ -44,6 +44,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "records",
         "device-code",
         "vllm-device-code",
+        "no-cuda",
         "symlinks",
         "launcher",
         "build-paths",
@@ -76,7 +77,7 @@ def _drop_comgr(root: Path) -> None:
 
 
 def _drop_kpack(root: Path) -> None:
-    (root / SITE / "_rocm_sdk_libraries/lib/.kpack/rocblas_gfx1151.kpack").unlink()
+    (root / SITE / "_rocm_sdk_libraries/.kpack/blas_lib_gfx1151.kpack").unlink()
 
 
 def _edit_torch(root: Path) -> None:
@@ -100,6 +101,13 @@ def _torch_mismatch(root: Path) -> None:
     metadata.write_text(metadata.read_text() + "Requires-Dist: torch==2.9.0\n")
 
 
+def _cuda_library(root: Path) -> None:
+    """What PyPI's torchvision 0.27.0 (a CUDA 13 build) would bring along."""
+    libs = root / SITE / "torchvision.libs"
+    libs.mkdir()
+    (libs / "libcudart.faf08d9a.so.13").write_bytes(b"\x7fELF")
+
+
 def _undefined_torch_symbol(root: Path) -> None:
     _compile_extension(root / SITE / "vllm/_C.abi3.so", "_ZN3c1019UndefinedTensorImpl10_singletonE")
 
@@ -108,12 +116,13 @@ def _undefined_torch_symbol(root: Path) -> None:
     ("defect", "check", "cause"),
     [
         (_drop_comgr, "elf-closure", "libamdhip64.so.7 needs libamd_comgr.so.3"),
-        (_drop_kpack, "records", "_rocm_sdk_libraries/lib/.kpack/rocblas_gfx1151.kpack, which is missing"),
+        (_drop_kpack, "records", "_rocm_sdk_libraries/.kpack/blas_lib_gfx1151.kpack, which is missing"),
         (_edit_torch, "records", "torch/__init__.py does not match its RECORD hash"),
         (_absolute_rpath, "search-paths", "absolute RPATH/RUNPATH /home/builder/build/gfx1151/site/lib"),
         (_break_launcher, "launcher", "bin/vllm-server is not valid sh"),
         (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.12.0+rocm"),
         (_undefined_torch_symbol, "torch-abi", "needs _ZN3c1019UndefinedTensorImpl10_singletonE"),
+        (_cuda_library, "no-cuda", "torchvision.libs/libcudart.faf08d9a.so.13 is a CUDA library"),
     ],
 )
 def test_planted_defect_is_named(

@@ -126,7 +126,7 @@ def test_manifests(assets: Path) -> None:
     assert release["tag"] == TAG and release["target"] == "gfx1151" and release["channel"] == "stable"
     assert release["versions"]["vllm"] == "0.33.0+rocm714", "vLLM's local version part is kept here"
     assert release["versions"]["rocm"] == ROCM_VERSION
-    assert set(release["versions"]) == {"python", "rocm", "torch", "triton", "vllm"}
+    assert set(release["versions"]) == {"python", "rocm", "torch", "torchvision", "triton", "vllm"}
     assert len(release["lock_sha256"]) == 64
     assert [p["name"] for p in release["archive"]["parts"]] == [p.name for p in parts]
     assert [p["sha256"] for p in release["archive"]["parts"]] == [

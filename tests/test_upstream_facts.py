@@ -14,6 +14,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+import requests
 from packaging.utils import parse_wheel_filename
 
 from tests.conftest import REPO, VllmSdists, assert_one_line_error, run_cli
@@ -27,7 +29,7 @@ from tests.upstream.fixture import (
     TRITON_KERNELS_COMMIT,
     Fixture,
 )
-from tests.upstream.server import UpstreamServer
+from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
 from vllm_bundle.assemble import Layout, install_wheels
 from vllm_bundle.elf import dynamic_info
@@ -159,35 +161,139 @@ def test_pages_without_hashes_still_give_verified_pins(
     assert wheel["hashes"]["sha256"] == sha256_of(served) and wheel["size"] == served.stat().st_size
 
 
-# -- 5. device code: per ISA on whl-multi-arch, per sub-family for torch on whl-next --------------------------
-
-
-def test_whl_next_device_code_is_locked_by_rocm_bootstraps_chain(
-    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+def test_the_locks_hashing_downloads_resume_show_progress_and_run_several_at_a_time(
+    fixture_tree: Fixture, recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
-    components = recipes_dir / "components.toml"
-    components.write_text(components.read_text().replace('torch = "<2.13"', 'torch = "<2.14"'))  # a newer vLLM
-    for target, torch_device, sdk_devices in (
-        ("gfx1151", {"amd-torch-device-gfx115x"}, {"rocm-sdk-device-gfx1151"}),
-        ("gfx110X", {"amd-torch-device-gfx110x"}, {f"rocm-sdk-device-gfx110{n}" for n in range(4)}),
-    ):
-        result = _lock(
-            upstream, recipes_dir, target, tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT
-        )
-        assert result.returncode == 0, result.stderr
-        names = {p["name"] for p in _pylock(recipes_dir, target, "stable-next")["packages"]}
-        assert {n for n in names if n.startswith("amd-torch-device")} == torch_device
-        assert {n for n in names if n.startswith("rocm-sdk-device")} == sdk_devices
-        assert _package(_pylock(recipes_dir, target, "stable-next"), "torch")["version"] == "2.13.0+rocm10.0.0"
+    """TheRock's hashless wheels weigh gigabytes: the lock hashes them through the fetcher (manage.py gives
+    some pages no #sha256, manage_structured.py none), so a cut body resumes where it stopped, each file
+    shows progress, and several move at once (the faults touch only the tool's requests, not uv's)."""
+    libraries = next(name for name in fixture_tree.files if name.startswith("rocm_sdk_libraries-7.14.0-"))
+    slow = [
+        next(name for name in fixture_tree.files if name.startswith(prefix))
+        for prefix in ("rocm_sdk_device_gfx1151-", "amd_torch_device_gfx1151-", "triton-")
+    ]
+    size = fixture_tree.files[libraries].stat().st_size
+    upstream.inject(f"/files/{libraries}", Fault("cut", after=size // 2, agent="vllm-bundle/"))
+    for name in slow:  # each body takes half a second
+        rate = fixture_tree.files[name].stat().st_size * 2
+        upstream.inject(f"/files/{name}", Fault("throttle", times=None, rate=rate, agent="vllm-bundle/"))
+    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache", "--jobs", "4")
+    assert result.returncode == 0, result.stderr
+    ranges = [r.range for r in upstream.requests_for(f"/files/{libraries}") if r.range]
+    assert f"bytes={size // 2}-" in ranges, f"the cut download resumed where it stopped: {ranges}"
+    assert f"retry  {libraries}: " in result.stderr, "the resume is shown"
+    for name in [libraries, *slow]:
+        assert re.search(rf"(?m)^fetch  {re.escape(name)} \(", result.stderr), f"progress of {name}"
+        assert re.search(rf"(?m)^done   {re.escape(name)} \(", result.stderr), f"progress of {name}"
+    assert upstream.most_in_flight >= 2, "several hashing downloads at once"
+    wheel = _package(_pylock(recipes_dir), "rocm-sdk-libraries")["wheels"][0]
+    assert wheel["hashes"]["sha256"] == fixture_tree.sha256(libraries), "the resumed bytes hash to the file"
 
 
-def test_torch_is_bounded_by_what_the_vllm_version_supports(
-    recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+# -- 5. device code: what torch and torchvision declare, never a name probed --------------------------------
+
+
+def test_a_project_page_that_is_not_there_answers_403_on_repo_amd_com(upstream: UpstreamServer) -> None:
+    """repo.amd.com answers 403 for a missing project page (ROCm/rocm-cli#194, #271); PyPI answers 404."""
+    for path, status in ((f"/{THEROCK_MULTI_ARCH}/rocm-sdk-device-gfx115x/", 403), (f"/{PYPI}/no-such-project/", 404)):
+        assert requests.get(upstream.url + path, timeout=10).status_code == status, path
+
+
+def test_the_lock_takes_device_code_from_torchs_extras_and_asks_for_no_missing_page(
+    locked: Path, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """vLLM 0.33.0 supports torch < 2.13; the whl-next stream has only 2.13: the lock refuses in one line."""
-    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT)
-    assert_one_line_error(result, "uv could not resolve the wheels for gfx1151/stable-next")
-    assert "torch" in result.stderr
+    """torch[device-gfx1151] names amd-torch-device-gfx1151 and the gfx11 family package on whl-multi-arch;
+    the lock pins exactly those, and no request of it meets a 403 (the old lock probed gfx115x, gfx11 ...)."""
+    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    names = {p["name"] for p in _pylock(recipes_dir)["packages"]}
+    assert {n for n in names if n.startswith("amd-torch-device")} == {
+        "amd-torch-device-gfx1151",
+        "amd-torch-device-gfx11",
+    }
+    assert {n for n in names if n.startswith("amd-torchvision-device")} == {"amd-torchvision-device-gfx1151"}
+    assert {n for n in names if n.startswith("rocm-sdk-device")} == {"rocm-sdk-device-gfx1151"}
+    assert [r.path for r in upstream.log if r.status in (403, 404)] == []
+
+
+@pytest.mark.parametrize("missing", [403, 404])
+def test_whl_next_device_code_is_what_torch_declares_whatever_a_missing_page_answers(
+    missing: int, recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """whl-next has per-ISA and sub-family torch device packages (rocm_whl_next_ownership.yaml); what it
+    answers for a missing page no source says, so the lock must work with either."""
+    upstream.missing_status[f"/{THEROCK_NEXT}/"] = missing
+    try:
+        for target, torch_devices, sdk_devices in (
+            ("gfx1151", {"amd-torch-device-gfx1151", "amd-torch-device-gfx115x"}, {"rocm-sdk-device-gfx1151"}),
+            (
+                "gfx110X",
+                {*(f"amd-torch-device-gfx110{n}" for n in range(4)), "amd-torch-device-gfx110x"},
+                {f"rocm-sdk-device-gfx110{n}" for n in range(4)},
+            ),
+        ):
+            result = _lock(
+                upstream, recipes_dir, target, tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT
+            )
+            assert result.returncode == 0, result.stderr
+            pylock = _pylock(recipes_dir, target, "stable-next")
+            names = {p["name"] for p in pylock["packages"]}
+            assert {n for n in names if n.startswith("amd-torch-device")} == torch_devices
+            assert {n for n in names if n.startswith("rocm-sdk-device")} == sdk_devices
+            assert _package(pylock, "torch")["version"] == "2.13.0+rocm10.0.0", "vLLM 0.33.0's own ROCm image's"
+    finally:
+        upstream.missing_status[f"/{THEROCK_NEXT}/"] = 404
+
+
+def test_the_sdk_is_the_release_torch_requires(locked: Path, fixture_tree: Fixture) -> None:
+    """The index holds SDK 7.14.1 (no torch built with it) beside 7.14.0; torch requires rocm[libraries]==7.14.0:
+    every SDK wheel and the rocm sdist are 7.14.0, though the channel allows >=7.14,<7.15."""
+    (torch,) = [p for p in _project_files(fixture_tree, THEROCK_MULTI_ARCH, "torch")]
+    assert f"Requires-Dist: rocm[libraries]=={ROCM_VERSION}" in _metadata(torch)
+    assert any("7.14.1" in p.name for p in _project_files(fixture_tree, THEROCK_MULTI_ARCH, "rocm-sdk-core"))
+    pylock = _pylock(locked)
+    for name in ("rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-device-gfx1151", "rocm-sdk-devel"):
+        assert _package(pylock, name)["version"] == ROCM_VERSION, name
+    lock = tomllib.loads((locked / "locks" / "stable" / "gfx1151.toml").read_text())
+    assert lock["versions"]["rocm"] == ROCM_VERSION
+    assert next(a for a in lock["artifacts"] if a["role"] == "rocm-sdist")["filename"] == f"rocm-{ROCM_VERSION}.tar.gz"
+
+
+# -- 6. the torch family from TheRock; PyPI's CUDA builds stay out --------------------------------------------
+
+
+def test_pypi_serves_a_cuda_torchvision_and_the_bundle_takes_therocks(
+    locked: Path, built: Path, fixture_tree: Fixture
+) -> None:
+    (cuda,) = _project_files(fixture_tree, PYPI, "torchvision")
+    assert "-manylinux_2_28_x86_64" in cuda.name, "premise: PyPI's torchvision 0.27.0 is a CUDA 13 build"
+    with zipfile.ZipFile(cuda) as wheel:
+        assert "torchvision.libs/libcudart.faf08d9a.so.13" in wheel.namelist()
+    vision = _package(_pylock(locked), "torchvision")
+    assert vision["version"] == "0.27.0+rocm7.14.0"
+    assert vision["wheels"][0]["url"].rsplit("/", 1)[-1] in {p.name for p in fixture_tree.indexes[THEROCK_MULTI_ARCH]}
+    site = built / "gfx1151" / "root" / SITE
+    assert not list(site.rglob("libcudart*")) and not list(site.glob("torch_c_dlpack_ext/*-cuda.so"))
+    report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
+    assert next(c for c in report["checks"] if c["name"] == "no-cuda")["passed"]
+
+
+def test_every_sdk_device_wheel_ships_the_same_empty_init(fixture_tree: Fixture, built: Path) -> None:
+    """TheRock's rocm-sdk-libraries and rocm-sdk-device-* ship one empty _rocm_sdk_libraries/__init__.py;
+    pypa/installer refuses a second copy unless it is told they coexist."""
+    shared = "_rocm_sdk_libraries/__init__.py"
+    wheels = [
+        p
+        for p in fixture_tree.indexes[THEROCK_MULTI_ARCH]
+        if p.name.startswith(("rocm_sdk_device", "rocm_sdk_libraries"))
+    ]
+    assert len(wheels) > 2
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            assert archive.read(shared) == b"", wheel.name
+    site = built / "gfx1151" / "root" / SITE
+    assert (site / shared).read_bytes() == b""
+    assert (site / "_rocm_sdk_libraries" / ".kpack" / "blas_lib_gfx1151.kpack").is_file()
 
 
 def test_a_frozen_per_family_index_that_does_not_exist_is_one_line(
@@ -340,7 +446,9 @@ def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_
     is why the build never runs it in a cached stage."""
     site_stage = Path(shutil.copytree(built / "gfx1151" / "site", tmp_path / "site", symlinks=True))
     layout = Layout(site_stage, PYTHON_MINOR)
-    (devel_wheel,) = [p for p in fixture_tree.indexes[THEROCK_MULTI_ARCH] if p.name.startswith("rocm_sdk_devel-")]
+    (devel_wheel,) = [
+        p for p in fixture_tree.indexes[THEROCK_MULTI_ARCH] if p.name.startswith(f"rocm_sdk_devel-{ROCM_VERSION}-")
+    ]
     install_wheels(layout, [devel_wheel])
     device_record = next(layout.site.glob("rocm_sdk_device_gfx1151-*.dist-info")) / "RECORD"
     before = device_record.read_text()

@@ -8,21 +8,26 @@ entered the cache, and each wheel's RECORD is validated here), no index, no depe
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import uv
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.exceptions import InstallerError
+from installer.records import Hash, RecordEntry
 from installer.sources import WheelFile
+from installer.utils import Scheme, copyfileobj_with_hashing
 
 from vllm_bundle.errors import BundleError
 from vllm_bundle.fetch import require_sha256
@@ -82,9 +87,28 @@ def install_wheels(layout: Layout, wheels: Sequence[Path]) -> None:
     install_into(layout.scheme(), f"/bin/python{layout.minor}", wheels)
 
 
+class _SharedFilesDestination(SchemeDictionaryDestination):
+    """pypa/installer's destination, but a file an earlier wheel of the same install wrote with the very
+    same bytes is no conflict: TheRock's rocm-sdk-libraries and every rocm-sdk-device-* wheel ship one
+    empty ``_rocm_sdk_libraries/__init__.py`` (their setup.py package the same platform directory; pip
+    overwrites it). A different file at the same path is still refused."""
+
+    def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
+        target = Path(self.scheme_dict[scheme]) / path
+        if not target.exists():
+            return super().write_to_fs(scheme, path, stream, is_executable)
+        with tempfile.TemporaryFile() as incoming:
+            digest, size = copyfileobj_with_hashing(stream, incoming, self.hash_algorithm)
+        with target.open("rb") as existing:
+            present = base64.urlsafe_b64encode(hashlib.file_digest(existing, self.hash_algorithm).digest())
+        if present.decode().rstrip("=") != digest:
+            raise FileExistsError(f"{path} is shipped by an earlier wheel with other bytes")
+        return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
+
+
 def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[Path]) -> None:
     """Install ``wheels`` with pypa/installer into the ``scheme`` directories, each RECORD validated."""
-    destination = SchemeDictionaryDestination(dict(scheme), interpreter=interpreter, script_kind="posix")
+    destination = _SharedFilesDestination(dict(scheme), interpreter=interpreter, script_kind="posix")
     for wheel in wheels:
         try:
             with WheelFile.open(wheel) as source:

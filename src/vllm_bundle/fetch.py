@@ -14,8 +14,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -218,41 +216,44 @@ class Fetcher:
                 self.reporter.finish(artifact.filename, status)
 
     def measure(self, name: str, filename: str, url: str, source: Source | None = None) -> Artifact:
-        """Pin a file nobody published a sha256 for: download it (from ``source``, a --mirror, when given),
-        hash the bytes, keep them in the cache under that hash (so the fetch that follows costs nothing)
-        and return the pin, which names ``url``."""
+        """Pin a file nobody published a sha256 for: download it (from ``source``, a --mirror, when given)
+        through the same resumable, retried path as every download, hash the bytes, keep them in the cache
+        under that hash (so the fetch that follows costs nothing) and return the pin, which names ``url``.
+        Until the hash is known, the partial file is named by a hash of where the bytes come from."""
         source = source or Source(url=url)
-        self.cache.root.joinpath("partial").mkdir(parents=True, exist_ok=True)
-        fd, name_of_tmp = tempfile.mkstemp(dir=self.cache.root / "partial", prefix="measure-", suffix=".part")
-        partial = Path(name_of_tmp)
-        digest = hashlib.sha256()
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in self._measured_body(Artifact(name, filename, url, ""), source):
-                    out.write(chunk)
-                    digest.update(chunk)
-            sha256 = digest.hexdigest()
-            self.cache.commit(partial, sha256)
-            return Artifact(name, filename, url, sha256, self.cache.blob(sha256).stat().st_size)
-        except requests.RequestException as err:
-            raise NetworkError(f"cannot download {source}: {describe(err)}", UNREACHABLE_HINT) from None
-        finally:
-            partial.unlink(missing_ok=True)
-
-    def _measured_body(self, probe: Artifact, source: Source) -> Iterator[bytes]:
-        if source.path is not None:
+        where = hashlib.sha256(str(source).encode()).hexdigest()
+        pending = Artifact(name, filename, url, where)
+        if source.url:
+            check_url(source.url)
+        with self._locked(pending):
+            partial = self.cache.partial(where)
+            have = partial.stat().st_size if partial.exists() else 0
+            self.reporter.begin(filename, filename, None, have)
+            status = "error"
             try:
-                with source.path.open("rb") as handle:
-                    while chunk := handle.read(CHUNK):
-                        yield chunk
+                self._transfer(pending, source, partial)
+                sha256, size = sha256_of(partial), partial.stat().st_size
+                self.cache.commit(partial, sha256)
+                self.cache.discard_partial(where)
+                status = "done"
+                return Artifact(name, filename, url, sha256, size)
             except OSError as err:
-                raise FetchError(f"cannot read {source.path}: {err.strerror}", "check --mirror") from None
-            return
-        assert source.url is not None
-        check_url(source.url)
-        with self.session.get(source.url, stream=True, timeout=self._timeouts()) as answer:
-            self._check_status(probe, source.url, answer, 0)
-            yield from self._body(answer)
+                raise self._disk_error(pending, err) from None
+            finally:
+                self.reporter.finish(filename, status)
+
+    def measure_all(self, wanted: Sequence[tuple[str, str, str]]) -> dict[str, Artifact]:
+        """``measure`` each ``(name, filename, url)``, several at a time; returns url -> pin."""
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        try:
+            futures = [pool.submit(self.measure, *item) for item in dict.fromkeys(wanted)]
+            pins = [future.result() for future in futures]
+        except BaseException:
+            self.cancelled.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+        return {pin.url: pin for pin in pins}
 
     def _timeouts(self) -> tuple[float, float]:
         return (self.policy.connect_timeout, self.policy.read_timeout)

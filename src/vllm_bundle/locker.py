@@ -58,7 +58,7 @@ from vllm_bundle.progress import human_size
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.sdist_requirements import extract_requirement_files, filter_requirement_files
 from vllm_bundle.simple_index import IndexFile, project_files
-from vllm_bundle.therock import Owned, lock_rocm_sdist, owned_requirements, require_index
+from vllm_bundle.therock import Host, Owned, lock_rocm_sdist, pinned_stack, read_host, require_index, torch_specifier
 from vllm_bundle.transport import check_url, describe
 from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.triton_kernels import lock_archive
@@ -89,7 +89,7 @@ def _header(target: Target, channel: Channel) -> str:
     )
 
 
-def _get_text(session: requests.Session, source: Source) -> str:
+def get_text(session: requests.Session, source: Source) -> str:
     if source.path is not None:
         try:
             return source.path.read_text()
@@ -110,7 +110,7 @@ def lock_python(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: S
     python = recipes.python
     release_url = channel.python_releases.format(release=python.release)
     sums_source = mirror_source(sources.mirror, Artifact("sums", "SHA256SUMS", release_url + "SHA256SUMS", ""))
-    sums = _get_text(fetcher.session, sums_source)
+    sums = get_text(fetcher.session, sums_source)
     expected = {
         name.strip().lstrip("*"): digest
         for digest, _, name in (line.strip().partition(" ") for line in sums.splitlines() if line.strip())
@@ -190,8 +190,10 @@ def run_uv_compile(
     pypi: str,
     uv_cache: Path,
     constraints: Path | None = None,
+    no_deps: bool = False,
 ) -> None:
-    """``where``: ``<target>/<channel>``, for messages; ``constraints``: pins the resolution must keep."""
+    """``where``: ``<target>/<channel>``, for messages; ``constraints``: pins the resolution must keep;
+    ``no_deps``: only the inputs themselves."""
     python = recipes.python
     check_url(pypi)
     command = [
@@ -222,6 +224,7 @@ def run_uv_compile(
         "--default-index",
         pypi,
         *(["--constraints", str(constraints)] if constraints else []),
+        *(["--no-deps"] if no_deps else []),
     ]
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -260,10 +263,12 @@ class Measured:
 def _trim_size_and_hash(
     pylock: dict[str, Any], recipes: Recipes, fetcher: Fetcher, measured: Measured, unpublished: set[str]
 ) -> dict[str, Any]:
-    """Keep one wheel per package (the one installed) and give each a verified size and sha256: a file
-    whose index page published no sha256 (``unpublished``) is downloaded and hashed here."""
+    """Keep one wheel per package (the one installed) and give each a verified size and sha256: the files
+    whose index page published no sha256 (``unpublished``) are downloaded and hashed here, several at a
+    time, resumably (TheRock's pages often carry none, and its wheels weigh gigabytes)."""
     python = recipes.python
     ranking = {tag: i for i, tag in enumerate(supported_tags(python.minor, python.platform))}
+    chosen = []
     for package in pylock.get("packages", []):
         wheel = best_wheel(package, ranking)
         if wheel is None:
@@ -271,9 +276,13 @@ def _trim_size_and_hash(
                 f"{package['name']} {package['version']} has no wheel for CPython {python.minor} on {python.platform}",
                 "raise python.platform in recipes/components.toml to what its wheels need",
             )
-        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
-        if filename in unpublished or "sha256" not in wheel.get("hashes", {}):
-            pinned = fetcher.measure(package["name"], filename, wheel["url"])
+        package["wheels"] = [wheel]
+        chosen.append((package["name"], unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1]), wheel))
+    to_hash = [(n, f, w["url"]) for n, f, w in chosen if f in unpublished or "sha256" not in w.get("hashes", {})]
+    pins = fetcher.measure_all(to_hash)
+    for _, _, wheel in chosen:
+        pinned = pins.get(wheel["url"])
+        if pinned is not None:
             resolved = wheel.get("hashes", {}).get("sha256")
             if resolved not in (None, pinned.sha256):
                 raise LockError(
@@ -287,7 +296,6 @@ def _trim_size_and_hash(
             measured.bytes += pinned.size or 0
         if wheel.get("size") is None:
             wheel["size"] = _content_length(fetcher, wheel["url"])
-        package["wheels"] = [wheel]
     return pylock
 
 
@@ -373,8 +381,11 @@ def _resolve_wheels(
     therock, pypi = sources.therock(channel, target), sources.pypi(channel)
     require_index(fetcher.session, therock, channel, target)
     vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work, sources.mirror)
-    owned = owned_requirements(recipes, target, channel, fetcher.session, therock)
-    fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.name for o in owned)}")
+    hosts = _resolve_hosts(recipes, target, channel, fetcher, therock, pypi, work)
+    owned = pinned_stack(recipes, target, channel, hosts)
+    if channel.vllm_wheel is not None:  # repackage mode: TheRock's prebuilt vLLM wheel
+        owned.append(Owned("vllm", channel.vllm_wheel))
+    fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.line for o in owned)}")
     inputs = write_lock_project(work, owned, therock, recipes.python.minor, vllm.requirement_lines)
     fetcher.reporter.note(
         f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
@@ -396,6 +407,36 @@ def _resolve_wheels(
             f"({human_size(measured.bytes)} downloaded)"
         )
     return pylock, vllm
+
+
+def _resolve_hosts(
+    recipes: Recipes, target: Target, channel: Channel, fetcher: Fetcher, therock: str, pypi: str, work: Path
+) -> dict[str, Host]:
+    """The channel's torch, torchvision and triton on TheRock's index (each alone, as uv picks it for the
+    bundle's interpreter and platform), and what each wheel declares (read by range: a few kilobytes)."""
+    wanted = [
+        Owned(names[0], torch_specifier(recipes, channel) if component == "torch" else channel.versions[component])
+        for component, names in recipes.component_requirements.items()
+    ]
+    where = work / "hosts"
+    where.mkdir()
+    inputs = write_lock_project(where, wanted, therock, recipes.python.minor, ["# none"])
+    resolved = where / "pylock.hosts.toml"
+    label = f"{target.name}/{channel.name}"
+    fetcher.reporter.note(f"lock   reading what TheRock's {', '.join(o.line for o in wanted)} declare")
+    run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", no_deps=True)
+    ranking = {tag: i for i, tag in enumerate(supported_tags(recipes.python.minor, recipes.python.platform))}
+    hosts: dict[str, Host] = {}
+    with resolved.open("rb") as handle:
+        for package in tomllib.load(handle).get("packages", []):
+            wheel = best_wheel(package, ranking)
+            if wheel is None:
+                raise LockError(
+                    f"{package['name']} {package['version']} has no wheel for this bundle", "check the index"
+                )
+            name = str(canonicalize_name(package["name"]))
+            hosts[name] = read_host(fetcher.session, package["name"], package["version"], wheel["url"], target.isas)
+    return hosts
 
 
 def _resolve_build_group(

@@ -27,6 +27,12 @@ def default_patches() -> Path:
     return _packaged("patch_data")
 
 
+def default_facts() -> Path:
+    """``tests/upstream/facts.toml`` of the checkout this tool runs from (the probe runs in a checkout;
+    the file is not packaged)."""
+    return default_recipes().parent / "tests" / "upstream" / "facts.toml"
+
+
 def checkout_git(*args: str) -> str:
     """``git <args>`` in the checkout this tool runs from: its output, or "" outside a checkout."""
     try:

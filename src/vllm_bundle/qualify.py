@@ -9,6 +9,7 @@ launcher, interpreter, size budget, and a relocated import smoke test.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -56,6 +57,7 @@ class QualifyRules:
     smoke_imports: tuple[str, ...]
     optional: Mapping[str, frozenset[str]] = field(default_factory=dict)  # package -> libraries it may lack
     extensions: tuple[ExtensionRule, ...] = ()  # vLLM's native extensions by version (components.toml)
+    cuda_libraries: tuple[str, ...] = ()  # file name patterns a ROCm bundle must not hold
 
 
 @dataclass
@@ -105,6 +107,7 @@ def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule
         rules.strings("smoke-imports"),
         {canonicalize_name(p): frozenset(optional.strings(p)) for p in optional.data} if optional else {},
         extensions,
+        rules.strings("cuda-libraries"),
     )
 
 
@@ -270,6 +273,18 @@ def check_vllm_device_code(layout: Layout, target: Target, rules: QualifyRules) 
     return CheckResult("vllm-device-code", not problems, summary, problems)
 
 
+def check_no_cuda(layout: Layout, rules: QualifyRules) -> CheckResult:
+    """No CUDA runtime library and no nvidia-* distribution: a package's CUDA build slipped in."""
+    problems = [
+        f"{path.relative_to(layout.root)} is a CUDA library"
+        for path in regular_files(layout.root)
+        if any(fnmatch.fnmatchcase(path.name, pattern) for pattern in rules.cuda_libraries)
+    ]
+    owned = {dist for dist in owners(layout.site).values() if dist.startswith("nvidia-")}
+    problems += [f"{dist} (a CUDA distribution) is installed" for dist in sorted(owned)]
+    return CheckResult("no-cuda", not problems, "no CUDA library, no nvidia-* distribution", problems)
+
+
 def check_symlinks(layout: Layout) -> CheckResult:
     problems = symlink_problems(layout.root)
     return CheckResult("symlinks", not problems, "every symlink stays inside the bundle", problems)
@@ -341,6 +356,7 @@ def qualify_tree(
         lambda: check_records(layout),
         lambda: check_device_code(layout, target),
         lambda: check_vllm_device_code(layout, target, rules),
+        lambda: check_no_cuda(layout, rules),
         lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
         lambda: check_build_paths(layout, build_dir),
@@ -370,7 +386,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 6
+STAGE_VERSION = 7
 REPORT = "qualification.json"
 
 
@@ -413,6 +429,7 @@ def qualify_stage(
             "smoke_imports": rules.smoke_imports,
             "optional": {package: sorted(libs) for package, libs in sorted(rules.optional.items())},
             "extensions": [[str(r.versions), r.names, r.device_code] for r in rules.extensions],
+            "cuda_libraries": rules.cuda_libraries,
         },
         "target": asdict(target),
     }

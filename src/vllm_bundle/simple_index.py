@@ -18,6 +18,9 @@ from vllm_bundle.fetch import UNREACHABLE_HINT
 from vllm_bundle.transport import check_url, describe
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+#: What a page that is not there answers: 404 on PyPI and rocm.nightlies.amd.com, 403 on repo.amd.com (an
+#: S3 origin that may not list: ROCm/rocm-cli#194, #271), 410 where a project was removed.
+MISSING = (403, 404, 410)
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,11 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
         response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"}, timeout=60)
     except requests.RequestException as err:
         raise NetworkError(f"cannot read the index page {page}: {describe(err)}", UNREACHABLE_HINT) from None
-    if response.status_code == 404:
-        raise LockError(f"the index {index} has no project {project!r}", "check the channel's index URL")
+    if response.status_code in MISSING:
+        status = response.status_code
+        raise LockError(
+            f"the index {index} has no project {project!r} (HTTP {status})", "check the channel's index URL"
+        )
     if response.status_code != 200:
         raise NetworkError(f"the index page {page} answered HTTP {response.status_code}", UNREACHABLE_HINT)
     if response.headers.get("Content-Type", "").startswith(JSON_TYPE):
@@ -86,19 +92,20 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
     return files
 
 
-def page_exists(session: requests.Session, url: str) -> bool:
-    """Whether an index page (an index's root, or a project's page) is there: 200 yes, 404 no."""
+def page_status(session: requests.Session, url: str) -> int:
+    """The HTTP status of an index page (an index's root, or a project's page)."""
     check_url(url)
     try:
-        response = session.get(url, headers={"Accept": "text/html"}, timeout=60)
+        return session.get(url, headers={"Accept": "text/html"}, timeout=60).status_code
     except requests.RequestException as err:
         raise NetworkError(f"cannot read the index page {url}: {describe(err)}", UNREACHABLE_HINT) from None
-    if response.status_code in (404, 410):
+
+
+def page_exists(session: requests.Session, url: str) -> bool:
+    """Whether an index page is there: 200 yes, 403/404/410 no."""
+    status = page_status(session, url)
+    if status in MISSING:
         return False
-    if response.status_code != 200:
-        raise NetworkError(f"the index page {url} answered HTTP {response.status_code}", UNREACHABLE_HINT)
+    if status != 200:
+        raise NetworkError(f"the index page {url} answered HTTP {status}", UNREACHABLE_HINT)
     return True
-
-
-def project_page(index: str, project: str) -> str:
-    return index.rstrip("/") + f"/{project}/"

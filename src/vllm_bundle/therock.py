@@ -1,25 +1,37 @@
 """What the lock takes from TheRock's index, and only from there.
 
-TheRock owns the ROCm SDK wheels (named by the channel), torch, triton and the device-code packages;
-its index also mirrors PyPI packages (numpy, setuptools, ...) that must keep coming from PyPI. Device
-package names follow rocm-bootstrap's packaging chain of each ISA (``gfx1151``, ``gfx115x``,
-``gfx11``): stable multi-arch names them per ISA, whl-next per sub-family for torch, so the lock takes
-every level the index actually has rather than assuming one. ``rocm`` itself is published as an sdist
-only; it is pinned as such and built into the bundle (its ``rocm_sdk`` module is what torch imports).
+TheRock owns the ROCm SDK wheels (named by the channel), the torch family, triton and the device-code
+packages; its index also mirrors PyPI packages (numpy, setuptools, ...) that must keep coming from PyPI.
+The lock pins TheRock's part from what the host wheels themselves declare (TheRock's build writes it:
+external-builds/pytorch/build_prod_wheels.py, rocm-systems rocm_kpack/wheel_splitter.py):
+
+- torch requires ``rocm[libraries]==<sdk version>``: the SDK wheels are pinned to that version, so torch
+  and the SDK are one ROCm build whatever range the channel allows;
+- torch requires ``triton==<version>``: triton is pinned to it;
+- torch and torchvision name their device code through extras ``device-<isa>`` (the target's package and
+  the sub-family or family packages the index has): those names, pinned, and the SDK's per-ISA
+  ``rocm-sdk-device-<isa>``, never a name guessed and probed (a missing page on repo.amd.com answers 403).
+
+``rocm`` itself is published as an sdist only; it is pinned as such and built into the bundle (its
+``rocm_sdk`` module is what torch imports).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import requests
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
-from rocm_bootstrap import device_dist_name, packaging_chain
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from vllm_bundle.errors import LockError
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.recipes import Channel, Recipes, Target
-from vllm_bundle.simple_index import page_exists, project_files, project_page
+from vllm_bundle.remote_wheel import wheel_metadata
+from vllm_bundle.simple_index import page_exists, project_files
 
 ROCM_META = "rocm"
 
@@ -54,38 +66,94 @@ def torch_specifier(recipes: Recipes, channel: Channel) -> str:
     return str(SpecifierSet(channel.versions["torch"]) & SpecifierSet(recipes.vllm.torch))
 
 
-def owned_requirements(
-    recipes: Recipes, target: Target, channel: Channel, session: requests.Session, index: str
-) -> list[Owned]:
-    owned = [Owned(name, channel.versions["rocm"]) for name in channel.sdk_wheels_for(target)]
-    for component, names in recipes.component_requirements.items():
-        specifier = torch_specifier(recipes, channel) if component == "torch" else channel.versions[component]
-        owned += [Owned(name, specifier) for name in names]
-    if channel.vllm_wheel is not None:  # repackage mode: TheRock's prebuilt vLLM wheel
-        owned.append(Owned("vllm", channel.vllm_wheel))
+@dataclass(frozen=True)
+class Host:
+    """A TheRock wheel the channel selects (torch, torchvision, triton) and what its METADATA declares."""
+
+    name: str
+    version: str
+    url: str
+    exact: Mapping[str, str] = field(default_factory=dict)  # requirement -> the one version it pins (==)
+    devices: Mapping[str, tuple[Owned, ...]] = field(default_factory=dict)  # ISA -> its device-<isa> extra
+
+
+def _exact(requirement: Requirement) -> str | None:
+    pins = [spec.version for spec in requirement.specifier if spec.operator in ("==", "===")]
+    return pins[0] if len(pins) == 1 else None
+
+
+def read_host(session: requests.Session, name: str, version: str, url: str, isas: tuple[str, ...]) -> Host:
+    """What the wheel at ``url`` declares: exact pins of its plain requirements, and for each ISA the
+    packages its ``device-<isa>`` extra requires (empty where it has no such extra)."""
+    metadata = wheel_metadata(session, url)
+    exact: dict[str, str] = {}
+    devices: dict[str, list[Owned]] = {isa: [] for isa in isas}
+    for text in metadata.get_all("Requires-Dist") or []:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        pinned = _exact(requirement)
+        if requirement.marker is None:
+            if pinned:
+                exact[canonicalize_name(requirement.name)] = pinned
+            continue
+        for isa in isas:
+            if requirement.marker.evaluate({"extra": f"device-{isa}"}) and not requirement.marker.evaluate(
+                {"extra": ""}
+            ):
+                devices[isa].append(Owned(requirement.name, str(requirement.specifier)))
+    return Host(name, version, url, exact, {isa: tuple(found) for isa, found in devices.items()})
+
+
+def _local(version: str) -> str | None:
+    return Version(version).local
+
+
+def pinned_stack(recipes: Recipes, target: Target, channel: Channel, hosts: Mapping[str, Host]) -> list[Owned]:
+    """TheRock's packages of the bundle, each pinned to one version: the SDK at the version torch requires,
+    triton at torch's, each ISA's device code as torch and torchvision declare it."""
+    torch = hosts.get("torch")
+    if torch is None or "rocm" not in torch.exact:
+        raise LockError(
+            "torch from TheRock's index declares no rocm[libraries]==<version>",
+            "this is not one of TheRock's torch builds: check the channel's index",
+        )
+    sdk = torch.exact["rocm"]
+    allowed = SpecifierSet(channel.versions["rocm"])
+    if not allowed.contains(sdk, prereleases=channel.prereleases):
+        raise LockError(
+            f"torch {torch.version} requires ROCm {sdk}, which channel {channel.name} does not allow (rocm {allowed})",
+            "change the versions of rocm or torch in recipes/channels.toml to agree",
+        )
+    pins = {name: host.version for name, host in hosts.items()}
+    for name in pins:
+        if name in torch.exact and name != "torch":
+            pins[name] = torch.exact[name]  # torch's word on triton (its build pinned it)
+    for name, host in hosts.items():  # hosts with device code are split from one build: one local version
+        if any(host.devices.values()) and _local(host.version) != _local(torch.version):
+            raise LockError(
+                f"{name} {host.version} and torch {torch.version} are not one ROCm build",
+                f"narrow {name} in recipes/channels.toml to the release built with this torch",
+            )
+    owned = [Owned(name, f"=={sdk}") for name in channel.sdk_wheels_for(target)]
+    owned += [Owned(name, f"=={version}") for name, version in pins.items()]
     if channel.therock_layout == "multi-arch":
-        owned += device_packages(recipes, target, channel, session, index)
-    return owned
-
-
-def device_packages(
-    recipes: Recipes, target: Target, channel: Channel, session: requests.Session, index: str
-) -> list[Owned]:
-    """For each ISA and each device-package prefix, every level of its packaging chain the index has."""
-    specifiers = {"rocm": channel.versions["rocm"], "torch": torch_specifier(recipes, channel)}
-    found: dict[str, Owned] = {}
-    for component, prefix in recipes.device_packages.items():
-        for isa in target.isas:
-            names = [str(device_dist_name(prefix, bundle)) for bundle in packaging_chain(isa)]
-            present = [name for name in names if page_exists(session, project_page(index, name))]
-            if not present:
-                raise LockError(
-                    f"TheRock's index {index} has no device code for {isa} (looked for {', '.join(names)})",
-                    f"check that channel {channel.name} serves {target.name}",
-                )
-            for name in present:
-                found.setdefault(name, Owned(name, specifiers.get(component, "")))
-    return list(found.values())
+        prefix = recipes.device_packages["rocm"]
+        owned += [Owned(f"{prefix}-{isa}", f"=={sdk}") for isa in target.isas]
+        for name, host in hosts.items():
+            for isa, packages in host.devices.items():
+                if not packages and name == "torch":
+                    raise LockError(
+                        f"torch {host.version} on TheRock's index declares no device code for {isa} "
+                        f"(no extra device-{isa})",
+                        f"check that channel {channel.name} serves {target.name}",
+                    )
+                owned += packages
+    unique: dict[str, Owned] = {}
+    for item in owned:
+        unique.setdefault(str(canonicalize_name(item.name)), item)
+    return list(unique.values())
 
 
 def lock_rocm_sdist(fetcher: Fetcher, index: str, version: str) -> Artifact:

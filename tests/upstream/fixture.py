@@ -25,6 +25,7 @@ import hashlib
 import html
 import json
 import platform
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -37,23 +38,27 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from vllm_bundle.elf import dynamic_info, patchelf_bin, set_runpath
+from vllm_bundle.facts import IndexFacts
 
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
-from .therock import MULTI_ARCH, NEXT
+from .therock import FACTS, MULTI_ARCH, NEXT
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
 PYTHON_VERSION = platform.python_version()
 PYTHON_MINOR = "{}.{}".format(*sys.version_info[:2])
 PYTHON_RELEASE = "20251120"
-ROCM_VERSION = MULTI_ARCH.rocm
-TORCH_VERSION = MULTI_ARCH.torch
-TRITON_VERSION = MULTI_ARCH.triton
+PYTHON_TRIPLE = "x86_64-unknown-linux-gnu"
+ROCM_VERSION = MULTI_ARCH.versions["rocm"]
+TORCH_VERSION = MULTI_ARCH.versions["torch"]
+TRITON_VERSION = MULTI_ARCH.versions["triton"]
+TORCHVISION_VERSION = MULTI_ARCH.versions["torchvision"]
 VLLM_VERSION = "0.33.0"
 CP = "cp{}{}".format(*sys.version_info[:2])
 THEROCK_MULTI_ARCH = f"therock/{MULTI_ARCH.name}"
 THEROCK_NEXT = f"therock/{NEXT.name}"
+INDEXES = {THEROCK_MULTI_ARCH: MULTI_ARCH, THEROCK_NEXT: NEXT}
 PYPI = "pypi/simple"
 
 # torch._C: a real CPython extension whose call crosses torch/lib into the ROCm SDK's libraries.
@@ -128,6 +133,7 @@ def _elf_chain(work: Path) -> dict[str, Path]:
     )
     libs["triton"] = compile_shared(work / "libtriton.so", "libtriton.so", C_LIB.format(name="triton", value=35))
     libs["omp"] = compile_shared(work / "libomp.so", "libomp.so", C_LIB.format(name="omp", value=5))
+    libs["vision"] = compile_shared(work / "vision_C.so", "", C_LIB.format(name="vision", value=27))
     libs["clang"] = compile_shared(work / "clang-20", "", "int main(void) { return 0; }\n", executable=True)
     libs["torch_C"] = compile_shared(
         work / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}",
@@ -243,7 +249,7 @@ def _builder_digest() -> str:
 
 
 def _python_tarball(fx: Fixture, cache: Path | None) -> None:
-    fx.python_asset = f"cpython-{PYTHON_VERSION}+{PYTHON_RELEASE}-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz"
+    fx.python_asset = FACTS.cpython.asset_name(PYTHON_VERSION, PYTHON_RELEASE, PYTHON_TRIPLE, "install_only_stripped")
     tarball = fx.releases / fx.python_asset
     cached = cache / f"{fx.python_asset}.{_builder_digest()}" if cache else None
     if cached and cached.exists():
@@ -258,10 +264,10 @@ def _python_tarball(fx: Fixture, cache: Path | None) -> None:
         if cached:
             cached.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(tarball, cached)
-    other = fx.releases / f"cpython-{PYTHON_VERSION}+{PYTHON_RELEASE}-x86_64-unknown-linux-gnu-install_only.tar.gz"
+    other = fx.releases / FACTS.cpython.asset_name(PYTHON_VERSION, PYTHON_RELEASE, PYTHON_TRIPLE, "install_only")
     shutil.copyfile(tarball, other)
     sums = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in sorted([tarball, other])]
-    (fx.releases / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    (fx.releases / FACTS.cpython.checksums).write_text("\n".join(sums) + "\n")
 
 
 # What the fixture's vLLM source release is made of: vLLM 0.33.0's own lines where the patch series
@@ -438,7 +444,8 @@ def _fixture_vllm_sdist(files: Path) -> Path:
         f"{top}/requirements/rocm.txt": (
             b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
             b"torch==2.12.0\ntriton==3.7.1\ngrpcio==1.78.0\nsetuptools>=78.1.1,<80.0.0\n"
-            b"mooncake-transfer-engine-rocm >= 0.3.13\ntorchao\n"
+            b"mooncake-transfer-engine-rocm >= 0.3.13\ntorchao\ntimm>=1.0.17\ntilelang==0.1.10\n"
+            b"apache-tvm-ffi==0.1.11\n"
         ),
         # vllm-0.33.0:requirements/build/rocm.txt, with what the fake PyPI serves
         f"{top}/requirements/build/rocm.txt": (
@@ -482,6 +489,19 @@ def _project(filename: str) -> str:
     return str(canonicalize_name(name))
 
 
+def owner_index(where: str, index: IndexFacts, owner: str) -> str:
+    """The directory of an owner's product-local index (facts.toml owner-pages, relative to the index)."""
+    return posixpath.normpath(posixpath.join(where, index.owner_pages.format(owner=owner)))
+
+
+def _index_facts(where: str) -> IndexFacts | None:
+    """TheRock's index a served directory is (an aggregate one or a product-local one), None for PyPI."""
+    for name, index in INDEXES.items():
+        if where == name or (index.owner_pages and where.endswith(f"/{index.name}")):
+            return index
+    return None
+
+
 def write_index(fx: Fixture) -> None:
     """Each index's pages: PEP 503 HTML everywhere (TheRock's without some hashes, as theirs are);
     PEP 691 JSON with sizes and upload times on the PyPI-like one."""
@@ -499,7 +519,8 @@ def write_index(fx: Fixture) -> None:
             for path in paths:
                 sha = hashlib.sha256(path.read_bytes()).hexdigest()
                 href = f"{depth}files/{path.name}"
-                if index == PYPI or not therock.hashless(path.name):
+                facts = _index_facts(index)
+                if facts is None or not therock.hashless(path.name, facts):
                     href += f"#sha256={sha}"
                 anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
                 entries.append(
@@ -527,11 +548,18 @@ def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
     _python_tarball(fx, cache)
     _triton_kernels_archive(fx.releases)
     files = root / "files"
-    fx.serve(THEROCK_MULTI_ARCH, [*therock.stream_artifacts(files, MULTI_ARCH, libs, CP), _prebuilt_vllm(files)])
-    fx.serve(THEROCK_NEXT, therock.stream_artifacts(files, NEXT, libs, CP))
+    for where, index in INDEXES.items():
+        by_owner = therock.stream_artifacts(files, index, libs, CP)
+        fx.serve(where, [path for paths in by_owner.values() for path in paths])
+        for owner, paths in by_owner.items():  # whl-next's product-local indexes, which it routes to
+            if index.owner_pages:
+                fx.serve(owner_index(where, index, owner), paths)
+    fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
     fx.serve(PYPI, [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)])
     write_index(fx)
     flat_mirror(fx)
+    statuses = {f"/{where}/": facts.missing_project for where in fx.indexes if (facts := _index_facts(where))}
+    (root / "missing-status.json").write_text(json.dumps(statuses))
     return fx
 
 

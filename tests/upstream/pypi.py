@@ -10,14 +10,20 @@ the pipeline (UPSTREAM-FACTS.md):
   can (79.0.0); regex in several platform variants, of which the lock keeps one;
 - vLLM's build tools: ``cmake`` (its console script runs fake_cmake.py, standing in for the CMake binary
   PyPI's wheel carries), ``ninja`` and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt),
-  ninja also at run time (requirements/common.txt).
+  ninja also at run time (requirements/common.txt);
+- the CUDA builds a ROCm closure meets on PyPI, from facts.toml ([[pypi]]): torchvision 0.27.0 built for
+  CUDA 13 (what timm pulls in unless the torch family comes from TheRock), torch-c-dlpack-ext's ``-cuda``
+  add-ons (through tilelang), each ``.so`` a real ELF with the DT_NEEDED and RPATH the real one has.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .packaging_fixtures import compile_shared, make_wheel
+from vllm_bundle.facts import ProjectFacts
+
+from .packaging_fixtures import Content, compile_shared, make_wheel
+from .therock import FACTS
 
 OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pick
 MANYLINUX_2_17 = "manylinux_2_17_x86_64.manylinux2014_x86_64"
@@ -30,7 +36,10 @@ PURE = (
     ("setuptools", "79.0.0", ()),
     ("setuptools", "80.9.0", ()),
     ("wheel", "0.45.1", ()),
+    ("pillow", "11.3.0", ()),
 )
+#: The absolute RUNPATH PyPI's CUDA torchvision 0.27.0 carries (a CI conda environment; facts.toml).
+TORCHVISION_RPATH = "/__w/_temp/conda_environment_25355632216/lib"
 NINJA = b"""import sys
 
 
@@ -68,6 +77,35 @@ def _native_libraries(work: Path) -> dict[str, Path]:
             work / "cygrpc.so", "", "int cygrpc(void) { return 1; }\n", system_libraries=("libz.so.1",)
         ),
     }
+
+
+def _fact_contents(project: ProjectFacts, work: Path, values: dict[str, str]) -> dict[str, Content]:
+    """The files a PyPI fact names: each ``.so`` a real ELF needing what the real one needs (stub
+    libraries stand in for CUDA's), the rest small stubs."""
+    contents: dict[str, Content] = {f"{project.name.replace('-', '_')}/__init__.py": b""}
+    for path in project.files:
+        if not path.endswith(".so") and ".so." not in path:
+            contents[path] = f"{path}\n".encode()
+            continue
+        stubs = tuple(
+            compile_shared(work / "cuda" / soname, soname, f"int stub_{i}(void) {{ return 0; }}\n")
+            for i, soname in enumerate(project.needed.get(path, ()))
+        )
+        out = work / project.name / path.replace("/", "_")
+        rpath = TORCHVISION_RPATH if project.name == "torchvision" and path.endswith("_C.so") else None
+        contents[path] = compile_shared(out, "", "int entry(void) { return 0; }\n", needed=stubs, rpath=rpath)
+    return contents
+
+
+def fact_projects(files: Path, work: Path, cp: str) -> list[Path]:
+    """PyPI's projects as facts.toml records them (tags, requirements, the native files that matter)."""
+    wheels = []
+    for project in FACTS.pypi:
+        values = {"cp": cp}
+        contents = _fact_contents(project, work, values)
+        tag = project.tag.format_map(values)
+        wheels.append(make_wheel(files, project.name, project.version, tag, contents, project.requires))
+    return wheels
 
 
 def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
@@ -108,6 +146,7 @@ def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
             f"{cp}-{cp}-{MANYLINUX_2_17}",
             {"grpc/__init__.py": b"", "grpc/_cython/cygrpc.so": native["grpc"]},
         ),
+        *fact_projects(files, work, cp),
         make_wheel(
             files,
             "cmake",

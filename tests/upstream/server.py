@@ -7,12 +7,15 @@ Serving rules:
 - files under ``root`` by path; ``GET /x/`` serves ``x/index.json`` when the client asks for PEP 691
   JSON (Accept), else ``x/index.html`` (PEP 503);
 - Range (``bytes=N-`` / ``bytes=N-M``) with 206 + Content-Range, If-Range against a strong ETag;
+- a path that does not exist answers 404, or the status the fixture's ``missing-status.json`` gives for
+  its directory (TheRock's repo.amd.com answers 403: facts.toml);
 - every request is logged with the bytes of body it carried, so tests can assert what was moved.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import socket
 import threading
 import time
@@ -35,6 +38,7 @@ class Fault:
     after: int = 0  # cut/stall: body bytes sent first
     seconds: float = 0.0  # stall length
     rate: int = 0  # throttle: bytes per second
+    agent: str = ""  # only requests whose User-Agent starts with this (uv and the tool share the upstream)
 
 
 @dataclass
@@ -52,12 +56,18 @@ class UpstreamServer:
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     log: list[Request] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    missing_status: dict[str, int] = field(default_factory=dict)  # path prefix -> status for what is not there
+    in_flight: int = 0  # bodies being sent now
+    most_in_flight: int = 0  # the most bodies sent at once since the last reset
     httpd: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
 
     # -- control -----------------------------------------------------------------------------
 
     def start(self) -> UpstreamServer:
+        statuses = self.root / "missing-status.json"
+        if not self.missing_status and statuses.is_file():
+            self.missing_status = json.loads(statuses.read_text())
         handler = type("Handler", (_Handler,), {"upstream": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -83,6 +93,7 @@ class UpstreamServer:
         with self.lock:
             self.faults.clear()
             self.log.clear()
+            self.most_in_flight = 0
 
     def requests_for(self, path: str) -> list[Request]:
         with self.lock:
@@ -94,10 +105,10 @@ class UpstreamServer:
 
     # -- used by the handler -----------------------------------------------------------------
 
-    def take_fault(self, path: str) -> Fault | None:
+    def take_fault(self, path: str, agent: str = "") -> Fault | None:
         with self.lock:
             queue = self.faults.get(path) or self.faults.get("*")
-            if not queue:
+            if not queue or not agent.startswith(queue[0].agent):
                 return None
             fault = queue[0]
             if fault.times is not None:
@@ -105,6 +116,11 @@ class UpstreamServer:
                 if fault.times <= 0:
                     queue.pop(0)
             return fault
+
+    def status_for_missing(self, path: str) -> int:
+        with self.lock:
+            found = [prefix for prefix in self.missing_status if path.startswith(prefix)]
+            return self.missing_status[max(found, key=len)] if found else 404
 
     def record(self, request: Request) -> None:
         with self.lock:
@@ -135,13 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
-        fault = self.upstream.take_fault(path)
+        fault = self.upstream.take_fault(path, self.headers.get("User-Agent", ""))
         if fault and fault.kind == "status":
             self._status_only(path, fault)
             return
         file = self._resolve(path)
         if file is None:
-            self._send_simple(path, 404, b"not found")
+            status = self.upstream.status_for_missing(path)
+            self._send_simple(path, status, b"not found" if status == 404 else b"AccessDenied")
             return
         data = file.read_bytes()
         if fault and fault.kind == "wrong-bytes":
@@ -165,9 +182,16 @@ class _Handler(BaseHTTPRequestHandler):
         entry = Request(self.command, path, self.headers.get("Range"), status, planned)
         self.upstream.record(entry)
         if not head:
-            sent = self._send_body(body, fault)
             with self.upstream.lock:
-                entry.body_bytes = sent
+                self.upstream.in_flight += 1
+                self.upstream.most_in_flight = max(self.upstream.most_in_flight, self.upstream.in_flight)
+            sent = 0
+            try:
+                sent = self._send_body(body, fault)
+            finally:
+                with self.upstream.lock:
+                    self.upstream.in_flight -= 1
+                    entry.body_bytes = sent
 
     @staticmethod
     def _planned_bytes(length: int, fault: Fault | None) -> int:

@@ -1,11 +1,14 @@
-"""TheRock-shaped artifacts: one stream (index) of ROCm SDK wheels, device-code packages, torch and triton,
-shaped after TheRock's packaging (build_tools/packaging/python) and its RELEASES.md:
+"""TheRock-shaped artifacts: one index (stream) of ROCm SDK wheels, device-code packages, the torch family
+and triton, built from the facts in facts.toml (names, versions, tags, requirements, the files that
+matter, each with its source) and from what those facts leave to the builder:
 
-- ``rocm`` is an sdist only (a setuptools project whose ``rocm_sdk`` module torch imports at start-up);
-- the SDK is the wheels rocm-sdk-core, rocm-sdk-libraries, rocm-sdk-devel, rocm-sdk-device-<isa>;
-- torch requires ``rocm[libraries]==<ver>`` and names its device code through extras ``device-<isa>``:
-  per ISA on whl-multi-arch, per sub-family (rocm-bootstrap's bundle, e.g. gfx115x) on whl-next;
-- the index mirrors PyPI packages (numpy, setuptools 81.0.0, filelock) in other versions than PyPI's;
+- ``rocm`` is an sdist only, whose ``rocm_sdk`` module torch imports at start-up and whose setup.py asks
+  ``offload-arch`` unless ``ROCM_SDK_TARGET_FAMILY`` is set;
+- torch and torchvision declare their device code as extras ``device-<isa>`` (the target's package and
+  the sub-family and family packages the index has, by rocm-bootstrap's chain) and ``device-all``, as
+  TheRock's wheel splitter writes them (rocm-systems shared/kpack/python/rocm_kpack/wheel_splitter.py);
+- every ``rocm-sdk-device-*`` wheel and ``rocm-sdk-libraries`` ship the same empty
+  ``_rocm_sdk_libraries/__init__.py``;
 - the compiler lives in rocm-sdk-core (``_rocm_sdk_core/lib/llvm/bin``: clang, clang++, amdclang,
   amdclang++ and ``rocm.cfg``), with the device libraries under ``lib/llvm/amdgcn/bitcode`` and the HIP
   headers under ``include/hip``; rocm-sdk-devel holds only ``rocm_sdk_devel/_devel.tar``, a tree of
@@ -22,41 +25,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
-from rocm_bootstrap import PackagingLevel, bundle_for_target, device_dist_name
+from vllm_bundle.facts import IndexFacts, ProjectFacts, load_facts
 
-from .packaging_fixtures import make_tarball, make_wheel
+from .packaging_fixtures import Content, make_tarball, make_wheel
 
+FACTS = load_facts(Path(__file__).with_name("facts.toml"))
+MULTI_ARCH = FACTS.indexes["whl-multi-arch"]
+NEXT = FACTS.indexes["whl-next"]
 ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
-LINUX = "linux_x86_64"
 AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
-MIRRORED = (("numpy", "2.9.0"), ("setuptools", "81.0.0"), ("filelock", "3.20.0"))
 
-
-@dataclass(frozen=True)
-class Stream:
-    """One of TheRock's indexes: its name under therock/ and the versions it serves."""
-
-    name: str
-    rocm: str
-    torch: str
-    triton: str
-    torch_device: Callable[[str], str]  # ISA -> the torch device-code package that holds it
-
-
-def per_isa(isa: str) -> str:
-    return f"amd-torch-device-{isa}"
-
-
-def per_sub_family(isa: str) -> str:
-    return str(device_dist_name("amd-torch-device", bundle_for_target(isa, PackagingLevel.SUB_FAMILY)))
-
-
-MULTI_ARCH = Stream("whl-multi-arch", "7.14.0", "2.12.0+rocm7.14.0", "3.7.1+git0263a6a6.rocm7.14.0", per_isa)
-NEXT = Stream("whl-next", "10.0.0", "2.13.0+rocm10.0.0", "3.7.1+rocm10.0.0", per_sub_family)
 
 ROCM_SDK_INIT = """import ctypes, pathlib
 from rocm_sdk._dist_info import __version__
@@ -168,25 +149,25 @@ def rocm_sdist(out: Path, version: str) -> Path:
     return make_tarball(out / f"{top}.tar.gz", files)
 
 
-def torch_files(stream: Stream, libs: dict[str, Path]) -> dict[str, bytes | Path]:
+def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str, Content]:
     init = (
         "from torch import version\n"
         "from torch import _rocm_init\n"
         "_rocm_init.initialize()\n"
         "from torch._C import _hip_check\n"
-        f"__version__ = '{stream.torch}'\n"
+        f"__version__ = '{versions['torch']}'\n"
     )
     rocm_init = (
         "def initialize():\n"
         "    import rocm_sdk\n"
         "    rocm_sdk.initialize_process(\n"
-        f"        preload_shortnames=['amd_comgr', 'amdhip64'], check_version='{stream.rocm}')\n"
+        f"        preload_shortnames=['amd_comgr', 'amdhip64'], check_version='{versions['rocm']}')\n"
     )
     return {
         "torch/__init__.py": init.encode(),
         "torch/_rocm_init.py": rocm_init.encode(),
         f"torch/{libs['torch_C'].name}": libs["torch_C"],
-        "torch/version.py": f"__version__ = '{stream.torch}'\nhip = '{stream.rocm}'\ncuda = None\n".encode(),
+        "torch/version.py": f"__version__ = '{versions['torch']}'\nhip = '{versions['rocm']}'\ncuda = None\n".encode(),
         "torch/lib/libc10.so": libs["c10"],
         "torch/lib/libtorch_hip.so": libs["torch_hip"],
     }
@@ -311,61 +292,105 @@ def devel_tarball(core: dict[str, bytes | Path], out: Path) -> Path:
 
 def device_link_manifest(isa: str, version: str) -> bytes:
     """``_rocm_sdk_libraries/.devel_links/<isa>.json``: what ``rocm-sdk init`` links into the devel tree."""
-    kpack = f"lib/.kpack/rocblas_{isa}.kpack"
-    links = [{"relpath": kpack, "target": f"../../../_rocm_sdk_libraries/{kpack}"}]
+    kpack = f".kpack/blas_lib_{isa}.kpack"
+    links = [{"relpath": kpack, "target": f"../../_rocm_sdk_libraries/{kpack}"}]
     return json.dumps({"version": version, "links": links}).encode()
 
 
-def stream_artifacts(files: Path, stream: Stream, libs: dict[str, Path], cp: str) -> list[Path]:
-    """Every file one TheRock stream serves."""
-    v, py_tag = stream.rocm, f"py3-none-{LINUX}"
-    core = core_files(v, libs)
-    devel: dict[str, bytes | Path] = {
-        "rocm_sdk_devel/__init__.py": b"from ._dist_info import __version__\n",
-        "rocm_sdk_devel/_dist_info.py": f"__version__ = {v!r}\n".encode(),
-        "rocm_sdk_devel/_devel.tar": devel_tarball(core, files.parent / "_work" / f"devel-{v}"),
-    }
-    executables = tuple(f"_rocm_sdk_core/lib/llvm/bin/{name}" for name in HOST_CLANG)
-    artifacts = [
-        rocm_sdist(files, v),
-        make_wheel(files, "rocm-sdk-core", v, py_tag, core, executables=executables),
-        make_wheel(
-            files,
-            "rocm-sdk-libraries",
-            v,
-            py_tag,
-            {"_rocm_sdk_libraries/__init__.py": b"", "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"]},
-            requires=(f"rocm-sdk-core=={v}",),
-        ),
-        make_wheel(files, "rocm-sdk-devel", v, py_tag, devel, requires=(f"rocm-sdk-core=={v}",)),
-    ]
+def device_extras(prefix: str, version: str, index: IndexFacts) -> list[str]:
+    lines, everything = [], set()
     for isa in ALL_ISAS:
-        kpack = {
-            f"_rocm_sdk_libraries/lib/.kpack/rocblas_{isa}.kpack": f"device code {isa}\n".encode(),
-            f"_rocm_sdk_libraries/.devel_links/{isa}.json": device_link_manifest(isa, v),
+        for name in index.device_packages(prefix, isa):
+            lines.append(f'{name}=={version}; extra == "device-{isa}"')
+            everything.add(name)
+    lines += [f'{name}=={version}; extra == "device-all"' for name in sorted(everything)]
+    return lines
+
+
+def _stub(path: str) -> bytes:
+    """A file a fact names that the builder has no content for: empty for Python packages' markers (they
+    must be identical wherever several wheels ship one), else bytes naming the file."""
+    return b"" if path.endswith("__init__.py") else f"{path}\n".encode()
+
+
+def _built_contents(name: str, values: Mapping[str, str], libs: dict[str, Path], work: Path) -> dict[str, Content]:
+    """The content the builder makes for a project, beyond the stubs its facts ask for."""
+    rocm = values["rocm"]
+    if name == "rocm-sdk-core":
+        return core_files(rocm, libs)
+    if name == "rocm-sdk-libraries":
+        return {
+            "rocm_sdk_libraries/__init__.py": f"__version__ = {rocm!r}\n".encode(),
+            "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"],
         }
-        artifacts.append(make_wheel(files, f"rocm-sdk-device-{isa}", v, py_tag, kpack, (f"rocm-sdk-libraries=={v}",)))
-    holders: dict[str, list[str]] = {}
-    for isa in ALL_ISAS:
-        holders.setdefault(stream.torch_device(isa), []).append(isa)
-    for package, isas in sorted(holders.items()):
-        kpacks = {f"torch/lib/.kpack/torch_hip_{isa}.kpack": f"torch device code {isa}\n".encode() for isa in isas}
-        artifacts.append(make_wheel(files, package, stream.torch, py_tag, kpacks, (f"torch=={stream.torch}",)))
-    requires = [f"rocm[libraries]=={v}", f"triton=={stream.triton}", "filelock", "typing-extensions>=4.10"]
-    requires += [f'{stream.torch_device(isa)}=={stream.torch}; extra == "device-{isa}"' for isa in ALL_ISAS]
-    tag = f"{cp}-{cp}-{LINUX}"
-    artifacts.append(make_wheel(files, "torch", stream.torch, tag, torch_files(stream, libs), tuple(requires)))
-    triton: dict[str, bytes | Path] = {
-        "triton/__init__.py": b"__version__ = '3.7.1'\n",
-        "triton/_C/libtriton.so": libs["triton"],
-    }
-    artifacts.append(make_wheel(files, "triton", stream.triton, f"{cp}-{cp}-{LINUX}", triton))
-    for name, version in MIRRORED:  # what TheRock's index mirrors from PyPI, in its own versions
-        module = name.replace("-", "_")
-        artifacts.append(make_wheel(files, name, version, "py3-none-any", {f"{module}/__init__.py": b""}))
+    if name == "rocm-sdk-devel":
+        return {
+            "rocm_sdk_devel/__init__.py": b"from ._dist_info import __version__\n",
+            "rocm_sdk_devel/_dist_info.py": f"__version__ = {rocm!r}\n".encode(),
+            "rocm_sdk_devel/_devel.tar": devel_tarball(core_files(rocm, libs), work / f"devel-{rocm}"),
+        }
+    if name.startswith("rocm-sdk-device-"):
+        isa = values["isa"]
+        return {f"_rocm_sdk_libraries/.devel_links/{isa}.json": device_link_manifest(isa, rocm)}
+    if name == "torch":
+        return torch_files(values, libs)
+    if name == "torchvision":
+        return {
+            "torchvision/__init__.py": f"__version__ = {values['torchvision']!r}\n".encode(),
+            "torchvision/_C.so": libs["vision"],
+        }
+    if name == "triton":
+        return {"triton/__init__.py": b"__version__ = '3.7.1'\n", "triton/_C/libtriton.so": libs["triton"]}
+    return {}
+
+
+def project_artifacts(
+    files: Path, project: ProjectFacts, index: IndexFacts, libs: dict[str, Path], cp: str, rocm: str = ""
+) -> list[Path]:
+    """Every file of one project (template) on one index (``rocm``: another SDK release than the index's)."""
+    artifacts = []
+    for extra in project.instances(ALL_ISAS, index):
+        values = {**index.versions, "cp": cp, **extra, **({"rocm": rocm} if rocm else {})}
+        name, version = project.name.format_map(values), project.version.format_map(values)
+        if project.kind == "sdist":
+            artifacts.append(rocm_sdist(files, version))
+            continue
+        contents = _built_contents(name, values, libs, files.parent / "_work")
+        for path in project.files:
+            contents.setdefault(path.format_map(values), _stub(path.format_map(values)))
+        if not contents:  # a mirrored PyPI package
+            contents[f"{name.replace('-', '_')}/__init__.py"] = b""
+        requires = [line.format_map(values) for line in project.requires]
+        if project.device_packages:
+            requires += device_extras(project.device_packages, version, index)
+        executables = tuple(path for path in contents if "/llvm/bin/" in path)
+        artifacts.append(
+            make_wheel(
+                files, name, version, project.tag.format_map(values), contents, tuple(requires), executables=executables
+            )
+        )
     return artifacts
 
 
-def hashless(filename: str) -> bool:
-    """TheRock's index pages give a #sha256 for some files only."""
+def is_sdk(project: ProjectFacts) -> bool:
+    return project.owner == "core" and (project.name == "rocm" or project.name.startswith("rocm-sdk-"))
+
+
+def stream_artifacts(files: Path, index: IndexFacts, libs: dict[str, Path], cp: str) -> dict[str, list[Path]]:
+    """Every file one TheRock index serves, by the product that publishes it: its release, and the SDK of
+    its SDK-only releases."""
+    by_owner: dict[str, list[Path]] = {}
+    for project in FACTS.therock:
+        releases = ["", *(index.sdk_only if is_sdk(project) else ())]
+        for rocm in releases:
+            by_owner.setdefault(project.owner, []).extend(project_artifacts(files, project, index, libs, cp, rocm))
+    return by_owner
+
+
+def hashless(filename: str, index: IndexFacts) -> bool:
+    """Whether the index page of this file gives no #sha256 (manage.py: some; manage_structured.py: none)."""
+    if index.sha256_fragments == "never":
+        return True
+    if index.sha256_fragments == "always":
+        return False
     return filename.startswith(("rocm-", "rocm_sdk_libraries", "rocm_sdk_device", "amd_torch_device", "triton"))

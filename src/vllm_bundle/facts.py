@@ -1,0 +1,168 @@
+"""Facts about the real upstream (tests/upstream/facts.toml): what the fake upstream is built from and
+what ``vllm-bundle probe`` checks against the real hosts. This module reads and expands them; each fact
+carries the source it was read from.
+
+Templates in a fact: ``{isa}`` (a project per ISA), ``{bundle}`` (a project per rocm-bootstrap bundle
+above the target level), ``{rocm}`` ``{torch}`` ``{torchvision}`` ``{triton}`` (the index's versions),
+``{cp}`` (the interpreter tag).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocm_bootstrap import PackagingLevel, device_dist_name, packaging_chain
+
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.paths import default_facts
+
+VERSION_KEYS = ("rocm", "torch", "torchvision", "triton")
+VERSION_PROJECTS = {"rocm": "rocm-sdk-core", "torch": "torch", "torchvision": "torchvision", "triton": "triton"}
+TORCH_DEVICE = "amd-torch-device"  # the only device-package family split above the target level
+
+
+@dataclass(frozen=True)
+class IndexFacts:
+    """One of TheRock's indexes, by the directory the fake serves it from."""
+
+    name: str
+    channels: tuple[str, ...]
+    missing_project: int
+    missing_project_source: str
+    sha256_fragments: str  # "always", "some" or "never"
+    sha256_fragments_source: str
+    versions: Mapping[str, str]
+    versions_source: str
+    torch_device_bundles: tuple[str, ...]  # rocm-bootstrap bundle keys above the target level
+    torch_device_bundles_source: str
+    # A scenario the fake stages, not a fact the probe checks: SDK releases without a torch built on them.
+    sdk_only: tuple[str, ...] = ()
+    sdk_only_source: str = ""
+    # Where each owner's product-local index sits, relative to this one (whl-next routes to them).
+    owner_pages: str = ""
+    owner_pages_source: str = ""
+
+    def device_packages(self, prefix: str, isa: str) -> list[str]:
+        """What ``<host>[device-<isa>]`` requires: the ISA's own package and, for torch, each level of the
+        ISA's rocm-bootstrap packaging chain this index has a package for (wheel_splitter.py
+        _rewrite_host_metadata)."""
+        names = []
+        for bundle in packaging_chain(isa):
+            name = str(device_dist_name(prefix, bundle))
+            if bundle.level == PackagingLevel.TARGET or (
+                prefix == TORCH_DEVICE and name.removeprefix(f"{prefix}-") in self.torch_device_bundles
+            ):
+                names.append(name)
+        return names
+
+
+@dataclass(frozen=True)
+class ProjectFacts:
+    """A project (a name template) as an index serves it."""
+
+    name: str
+    source: str
+    owner: str = ""  # TheRock's: the product that publishes it (core or pytorch)
+    mirror: bool = False  # a PyPI package TheRock's indexes serve in their own version
+    kind: str = "wheel"  # or "sdist"
+    version: str = "{rocm}"
+    tag: str = ""
+    requires: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    device_packages: str = ""  # the prefix of its device-code packages (its device-<isa> extras name them)
+    needed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # file -> its DT_NEEDED entries
+
+    def instances(self, isas: tuple[str, ...], index: IndexFacts | None) -> Iterator[dict[str, str]]:
+        """The template values of each project this name template stands for."""
+        if "{isa}" in self.name:
+            yield from ({"isa": isa} for isa in isas)
+        elif "{bundle}" in self.name:
+            yield from ({"bundle": bundle} for bundle in (index.torch_device_bundles if index else ()))
+        else:
+            yield {}
+
+
+@dataclass(frozen=True)
+class CPythonFacts:
+    """How python-build-standalone names a release's assets and their checksums."""
+
+    asset: str  # template: {version} {release} {triple} {flavor}
+    checksums: str  # the asset listing every other's sha256
+    source: str
+
+    def asset_name(self, version: str, release: str, triple: str, flavor: str) -> str:
+        return self.asset.format(version=version, release=release, triple=triple, flavor=flavor)
+
+
+@dataclass(frozen=True)
+class Facts:
+    indexes: Mapping[str, IndexFacts]
+    therock: tuple[ProjectFacts, ...]
+    pypi: tuple[ProjectFacts, ...]
+    cpython: CPythonFacts
+
+    def index_for_channel(self, channel: str) -> IndexFacts | None:
+        return next((i for i in self.indexes.values() if channel in i.channels), None)
+
+    def therock_project(self, name: str) -> ProjectFacts:
+        return next(p for p in self.therock if p.name == name)
+
+    def owned_names(self) -> tuple[str, ...]:
+        """Name templates of the projects TheRock's indexes own (not their PyPI mirrors)."""
+        return tuple(p.name for p in self.therock if not p.mirror)
+
+
+def _project(entry: Mapping[str, Any]) -> ProjectFacts:
+    return ProjectFacts(
+        name=entry["name"],
+        source=entry["source"],
+        owner=entry.get("owner", ""),
+        mirror=bool(entry.get("mirror", False)),
+        kind=entry.get("kind", "wheel"),
+        version=entry.get("version", "{rocm}"),
+        tag=entry.get("tag", ""),
+        requires=tuple(entry.get("requires", ())),
+        files=tuple(entry.get("files", ())),
+        device_packages=entry.get("device-packages", ""),
+        needed={path: tuple(libs) for path, libs in entry.get("needed", {}).items()},
+    )
+
+
+def _index(name: str, entry: Mapping[str, Any]) -> IndexFacts:
+    return IndexFacts(
+        name=name,
+        channels=tuple(entry["channels"]),
+        missing_project=int(entry["missing-project"]),
+        missing_project_source=entry["missing-project-source"],
+        sha256_fragments=entry["sha256-fragments"],
+        sha256_fragments_source=entry["sha256-fragments-source"],
+        versions={key: entry[key] for key in VERSION_KEYS},
+        versions_source=entry["versions-source"],
+        torch_device_bundles=tuple(entry["torch-device-bundles"]),
+        torch_device_bundles_source=entry["torch-device-bundles-source"],
+        sdk_only=tuple(entry.get("sdk-only", ())),
+        sdk_only_source=entry.get("sdk-only-source", ""),
+        owner_pages=entry.get("owner-pages", ""),
+        owner_pages_source=entry.get("owner-pages-source", ""),
+    )
+
+
+def load_facts(path: Path | None = None) -> Facts:
+    """The facts file (default: the checkout's tests/upstream/facts.toml); a malformed one is one line."""
+    path = path or default_facts()
+    try:
+        doc = tomllib.loads(path.read_text())
+        return Facts(
+            indexes={name: _index(name, entry) for name, entry in doc["indexes"].items()},
+            therock=tuple(_project(entry) for entry in doc["therock"]),
+            pypi=tuple(_project(entry) for entry in doc["pypi"]),
+            cpython=CPythonFacts(doc["cpython"]["asset"], doc["cpython"]["checksums"], doc["cpython"]["source"]),
+        )
+    except FileNotFoundError:
+        raise RecipeError(f"no facts file at {path}", "run from a checkout, or pass --facts FILE") from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
+        raise RecipeError(f"bad facts file {path}: {err}", "see the file's header for its shape") from None
