@@ -45,6 +45,12 @@ def lock(session: nox.Session) -> None:
 
 
 @nox.session
+def probe(session: nox.Session) -> None:
+    """Check tests/upstream/facts.toml (what the fake upstream is built from) against a channel's real hosts."""
+    _cli(session, "probe")
+
+
+@nox.session
 def fetch(session: nox.Session) -> None:
     """Download a target's locked inputs into the verified cache: `nox -s fetch -- gfx1151`."""
     _cli(session, "fetch")

@@ -154,6 +154,14 @@ def test_refresh_locks_locks_every_target_and_channel_and_opens_a_pull_request()
     assert "nox -s lock -- --image" in runs, "the image base is re-pinned too"
 
 
+def test_refresh_locks_probes_the_fake_upstreams_facts_before_locking() -> None:
+    steps = [step.get("run", "") for step in _steps(_load(ROOT / ".github/workflows/refresh-locks.yml"))]
+    probe = next(i for i, run in enumerate(steps) if "nox -s probe" in run)
+    lock = next(i for i, run in enumerate(steps) if "nox -s lock" in run)
+    assert probe < lock, "the first networked run names what the fake got wrong before it locks"
+    assert all(channel in steps[probe] for channel in ("stable", "stable-next")), "every channel the facts model"
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_workflows_default_to_read_only_tokens(path: Path) -> None:
     assert _load(path)["permissions"] == {"contents": "read"}

@@ -115,6 +115,33 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from vllm_bundle.facts import load_facts
+    from vllm_bundle.locker import Sources
+    from vllm_bundle.paths import default_facts
+    from vllm_bundle.probe import run_probe
+    from vllm_bundle.transport import make_session
+
+    recipes = _recipes(args)
+    target, channel = recipes.target(args.target), recipes.channel(args.channel)
+    path = args.facts or default_facts()
+    facts = load_facts(path)
+    sources = Sources(args.therock_index, args.pypi_index, args.mirror)
+    with make_session(RetryPolicy()) as session:
+        probe = run_probe(session, facts, recipes, target, channel, sources, note=lambda line: print(line, flush=True))
+    for difference in probe.differences:
+        print(difference.line())
+    if probe.differences:
+        print(
+            f"error: {len(probe.differences)} of {probe.checked} facts of {path} differ from what channel "
+            f"{channel.name} serves (correct each from its source, and the fixture with it)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"ok     {probe.checked} facts of {path} agree with what channel {channel.name} serves")
+    return 0
+
+
 def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
     from vllm_bundle.image import base_lock_path, load_image_recipe, read_base_lock
     from vllm_bundle.locker import check_lock
@@ -733,6 +760,15 @@ def build_parser() -> argparse.ArgumentParser:
     _registry_mirror_option(lock)
     _common(lock)
     lock.set_defaults(func=cmd_lock)
+
+    probe = verbs.add_parser("probe", help="check the fake upstream's facts against a channel's real hosts")
+    probe.add_argument("target", nargs="?", default="gfx1151", help="the ISAs whose packages are probed (gfx1151)")
+    probe.add_argument("--channel", default=DEFAULT_CHANNEL, help=f"release channel ({DEFAULT_CHANNEL})")
+    probe.add_argument("--facts", type=Path, help="the facts file (tests/upstream/facts.toml of the checkout)")
+    _index_options(probe)
+    probe.add_argument("--mirror", help="URL or directory with the release files (SHA256SUMS)")
+    _recipes_option(probe)
+    probe.set_defaults(func=cmd_probe)
 
     fetch = verbs.add_parser("fetch", help="download a target's locked inputs into the verified cache")
     fetch.add_argument("target")
