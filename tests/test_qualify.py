@@ -108,6 +108,13 @@ def _cuda_library(root: Path) -> None:
     (libs / "libcudart.faf08d9a.so.13").write_bytes(b"\x7fELF")
 
 
+def _cudnn(root: Path) -> None:
+    """What an nvidia-cudnn wheel's files would be, without its distribution."""
+    libs = root / SITE / "nvidia" / "cudnn" / "lib"
+    libs.mkdir(parents=True)
+    (libs / "libcudnn_ops.so.9").write_bytes(b"\x7fELF")
+
+
 def _undefined_torch_symbol(root: Path) -> None:
     _compile_extension(root / SITE / "vllm/_C.abi3.so", "_ZN3c1019UndefinedTensorImpl10_singletonE")
 
@@ -123,6 +130,7 @@ def _undefined_torch_symbol(root: Path) -> None:
         (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.12.0+rocm"),
         (_undefined_torch_symbol, "torch-abi", "needs _ZN3c1019UndefinedTensorImpl10_singletonE"),
         (_cuda_library, "no-cuda", "torchvision.libs/libcudart.faf08d9a.so.13 is a CUDA library"),
+        (_cudnn, "no-cuda", "nvidia/cudnn/lib/libcudnn_ops.so.9 is a CUDA library"),
     ],
 )
 def test_planted_defect_is_named(

@@ -273,9 +273,21 @@ def test_pypi_serves_a_cuda_torchvision_and_the_bundle_takes_therocks(
     assert vision["version"] == "0.27.0+rocm7.14.0"
     assert vision["wheels"][0]["url"].rsplit("/", 1)[-1] in {p.name for p in fixture_tree.indexes[THEROCK_MULTI_ARCH]}
     site = built / "gfx1151" / "root" / SITE
-    assert not list(site.rglob("libcudart*")) and not list(site.glob("torch_c_dlpack_ext/*-cuda.so"))
+    assert not list(site.rglob("libcudart.*")) and not list(site.glob("torch_c_dlpack_ext/*-cuda.so"))
     report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
     assert next(c for c in report["checks"] if c["name"] == "no-cuda")["passed"]
+
+
+def test_tilelangs_own_cuda_shims_stay_and_are_not_cuda_libraries(built: Path) -> None:
+    """tilelang 0.1.10 ships dlopen shims named like CUDA's libraries (libcudart_stub.so, libnvrtc_stub.so)
+    that its libtilelang.so needs (facts.toml): they stay in the bundle, resolve, and pass no-cuda."""
+    lib = built / "gfx1151" / "root" / SITE / "tilelang" / "lib"
+    assert {"libcudart_stub.so", "libnvrtc_stub.so", "libcuda_stub.so"} <= {p.name for p in lib.iterdir()}
+    info = dynamic_info(lib / "libtilelang.so")
+    assert info is not None and {"libcuda_stub.so", "libhip_stub.so"} <= set(info.needed)
+    report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["no-cuda"]["passed"] and checks["elf-closure"]["passed"], checks["no-cuda"]["problems"]
 
 
 def test_every_sdk_device_wheel_ships_the_same_empty_init(fixture_tree: Fixture, built: Path) -> None:

@@ -80,20 +80,29 @@ def _native_libraries(work: Path) -> dict[str, Path]:
 
 
 def _fact_contents(project: ProjectFacts, work: Path, values: dict[str, str]) -> dict[str, Content]:
-    """The files a PyPI fact names: each ``.so`` a real ELF needing what the real one needs (stub
-    libraries stand in for CUDA's), the rest small stubs."""
+    """The files a PyPI fact names: each ``.so`` a real ELF needing what the real one needs (a library of
+    the same wheel, by its SONAME through ``$ORIGIN`` as tilelang's are; else a stub, not shipped, standing
+    in for CUDA's), the rest small stubs."""
     contents: dict[str, Content] = {f"{project.name.replace('-', '_')}/__init__.py": b""}
-    for path in project.files:
+    shipped = {Path(path).name: path for path in project.files}
+    wanted = {soname for sonames in project.needed.values() for soname in sonames}
+    for path in sorted(project.files, key=lambda p: p in project.needed):  # what others need first
         if not path.endswith(".so") and ".so." not in path:
             contents[path] = f"{path}\n".encode()
             continue
-        stubs = tuple(
+        own = [contents[shipped[soname]] for soname in project.needed.get(path, ()) if soname in shipped]
+        foreign = [
             compile_shared(work / "cuda" / soname, soname, f"int stub_{i}(void) {{ return 0; }}\n")
             for i, soname in enumerate(project.needed.get(path, ()))
-        )
-        out = work / project.name / path.replace("/", "_")
+            if soname not in shipped
+        ]
+        needed = tuple(p for p in (*own, *foreign) if isinstance(p, Path))
         rpath = TORCHVISION_RPATH if project.name == "torchvision" and path.endswith("_C.so") else None
-        contents[path] = compile_shared(out, "", "int entry(void) { return 0; }\n", needed=stubs, rpath=rpath)
+        soname = Path(path).name if Path(path).name in wanted else ""
+        out = work / project.name / path.replace("/", "_")
+        contents[path] = compile_shared(
+            out, soname, "int entry(void) { return 0; }\n", needed=needed, rpath=rpath or ("$ORIGIN" if own else None)
+        )
     return contents
 
 
