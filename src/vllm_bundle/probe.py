@@ -14,12 +14,11 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from email.parser import Parser
 from pathlib import Path
 from urllib.parse import urljoin
 
 import requests
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -30,8 +29,9 @@ from vllm_bundle.facts import VERSION_PROJECTS, Facts, IndexFacts, ProjectFacts
 from vllm_bundle.fetch import Artifact, mirror_source
 from vllm_bundle.locker import Sources, get_text
 from vllm_bundle.recipes import Channel, Recipes, Target
-from vllm_bundle.remote_wheel import open_wheel
+from vllm_bundle.remote_wheel import metadata_of, open_wheel
 from vllm_bundle.simple_index import IndexFile, page_status, project_files
+from vllm_bundle.therock import in_extra, requirements_of
 
 ABSENT_PROJECT = "vllm-bundle-probe-no-such-project"  # a project page no index has
 
@@ -98,23 +98,12 @@ def _version_of(filename: str) -> Version | None:
 
 
 def _versions(files: list[IndexFile]) -> str:
+    """The newest versions a page lists, for a line saying what was found instead."""
     found = sorted({str(v) for f in files if (v := _version_of(f.filename)) is not None}, key=Version)
-    return ", ".join(found[-5:]) + (f" (and {len(found) - 5} older)" if len(found) > 5 else "") if found else "none"
-
-
-def _requirements(texts: list[str]) -> list[Requirement]:
-    found = []
-    for text in texts:
-        try:
-            found.append(Requirement(text))
-        except InvalidRequirement:
-            continue
-    return found
-
-
-def _in_extra(requirement: Requirement, extra: str) -> bool:
-    marker = requirement.marker
-    return marker is not None and marker.evaluate({"extra": extra}) and not marker.evaluate({"extra": ""})
+    if not found:
+        return "none"
+    older = f" (and {len(found) - 5} older)" if len(found) > 5 else ""
+    return ", ".join(found[-5:]) + older
 
 
 def _needed(wheel: zipfile.ZipFile, member: str) -> tuple[str, ...] | None:
@@ -132,9 +121,7 @@ def _check_wheel_contents(
     label = f"{where.label} {wheel.filename}"
     with open_wheel(probe.session, wheel.url) as archive:
         names = set(archive.namelist())
-        metadata_name = next((n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), "")
-        text = archive.read(metadata_name).decode("utf-8", errors="replace") if metadata_name else ""
-        requires = _requirements(Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or [])
+        requires = requirements_of(metadata_of(archive, wheel.url))
         for line in project.requires:
             wanted = Requirement(line.format_map(values))
             same_name = [str(r) for r in requires if canonicalize_name(r.name) == canonicalize_name(wanted.name)]
@@ -150,7 +137,7 @@ def _check_wheel_contents(
                 wanted_set = {
                     f"{name}=={version}" for name in where.index.device_packages(project.device_packages, isa)
                 }
-                got = {f"{canonicalize_name(r.name)}{r.specifier}" for r in requires if _in_extra(r, f"device-{isa}")}
+                got = {f"{canonicalize_name(r.name)}{r.specifier}" for r in requires if in_extra(r, f"device-{isa}")}
                 probe.expect(
                     got == wanted_set,
                     f"{label} [device-{isa}] requires {', '.join(sorted(wanted_set))}",

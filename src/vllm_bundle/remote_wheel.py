@@ -80,13 +80,18 @@ def open_wheel(session: requests.Session, url: str) -> zipfile.ZipFile:
         raise LockError(f"{url} is not a wheel: {err}", "check the index") from None
 
 
+def metadata_of(wheel: zipfile.ZipFile, url: str) -> Message:
+    """The ``*.dist-info/METADATA`` of an open wheel."""
+    name = next((n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+    if name is None:
+        raise LockError(f"{url} has no .dist-info/METADATA", "check the index")
+    return Parser().parsestr(wheel.read(name).decode("utf-8", errors="replace"), headersonly=True)
+
+
 def wheel_metadata(session: requests.Session, url: str) -> Message:
     """The ``*.dist-info/METADATA`` of the wheel at ``url``."""
     with open_wheel(session, url) as wheel:
-        name = next((n for n in wheel.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
-        if name is None:
-            raise LockError(f"{url} has no .dist-info/METADATA", "check the index")
-        return Parser().parsestr(wheel.read(name).decode("utf-8", errors="replace"), headersonly=True)
+        return metadata_of(wheel, url)
 
 
 def wheel_files(session: requests.Session, url: str) -> list[str]:

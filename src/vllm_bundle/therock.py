@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from email.message import Message
 
 import requests
 from packaging.requirements import InvalidRequirement, Requirement
@@ -82,26 +83,34 @@ def _exact(requirement: Requirement) -> str | None:
     return pins[0] if len(pins) == 1 else None
 
 
+def requirements_of(metadata: Message) -> list[Requirement]:
+    """A METADATA's ``Requires-Dist`` entries (an entry packaging cannot parse is no requirement)."""
+    found = []
+    for text in metadata.get_all("Requires-Dist") or []:
+        try:
+            found.append(Requirement(text))
+        except InvalidRequirement:
+            continue
+    return found
+
+
+def in_extra(requirement: Requirement, extra: str) -> bool:
+    """Whether a requirement applies only with ``extra`` (e.g. ``device-gfx1151``)."""
+    marker = requirement.marker
+    return marker is not None and marker.evaluate({"extra": extra}) and not marker.evaluate({"extra": ""})
+
+
 def read_host(session: requests.Session, name: str, version: str, url: str, isas: tuple[str, ...]) -> Host:
     """What the wheel at ``url`` declares: exact pins of its plain requirements, and for each ISA the
     packages its ``device-<isa>`` extra requires (empty where it has no such extra)."""
-    metadata = wheel_metadata(session, url)
     exact: dict[str, str] = {}
     devices: dict[str, list[Owned]] = {isa: [] for isa in isas}
-    for text in metadata.get_all("Requires-Dist") or []:
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            continue
+    for requirement in requirements_of(wheel_metadata(session, url)):
         pinned = _exact(requirement)
-        if requirement.marker is None:
-            if pinned:
-                exact[canonicalize_name(requirement.name)] = pinned
-            continue
+        if requirement.marker is None and pinned:
+            exact[canonicalize_name(requirement.name)] = pinned
         for isa in isas:
-            if requirement.marker.evaluate({"extra": f"device-{isa}"}) and not requirement.marker.evaluate(
-                {"extra": ""}
-            ):
+            if in_extra(requirement, f"device-{isa}"):
                 devices[isa].append(Owned(requirement.name, str(requirement.specifier)))
     return Host(name, version, url, exact, {isa: tuple(found) for isa, found in devices.items()})
 
