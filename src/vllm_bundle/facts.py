@@ -108,13 +108,6 @@ class Facts:
     def index_for_channel(self, channel: str) -> IndexFacts | None:
         return next((i for i in self.indexes.values() if channel in i.channels), None)
 
-    def therock_project(self, name: str) -> ProjectFacts:
-        return next(p for p in self.therock if p.name == name)
-
-    def owned_names(self) -> tuple[str, ...]:
-        """Name templates of the projects TheRock's indexes own (not their PyPI mirrors)."""
-        return tuple(p.name for p in self.therock if not p.mirror)
-
 
 def _project(entry: Mapping[str, Any]) -> ProjectFacts:
     return ProjectFacts(

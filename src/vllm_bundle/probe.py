@@ -274,7 +274,7 @@ def run_probe(
             f"the facts file models no TheRock index of channel {channel.name}", f"probe one of: {modelled}"
         )
     cp = "cp{}{}".format(*recipes.python.minor.split("."))
-    probe = Probe(session, facts, {"cp": cp, "py_minor": recipes.python.minor}, target.isas)
+    probe = Probe(session, facts, {"cp": cp}, target.isas)
     note(f"probe  python-build-standalone release {recipes.python.release}")
     _check_cpython(probe, recipes, channel, sources)
     therock = _Where(f"TheRock {index.name}", sources.therock(channel, target), index)
