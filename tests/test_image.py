@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import json
 import shutil
+import socket
 import subprocess
 import tarfile
 import threading
@@ -285,6 +286,8 @@ class _FlakyProxy(BaseHTTPRequestHandler):
     body_bytes: ClassVar[dict[str, int]] = {}
     token: ClassVar[str | None] = None
     garble: ClassVar[frozenset[str]] = frozenset()  # kinds whose answers become an HTML page
+    cut_after: ClassVar[dict[str, int]] = {}  # kind -> the next answer's body breaks off after so many bytes
+    ranges: ClassVar[list[str]] = []  # the Range headers of the requests seen
 
     def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
         self.send_response(status)
@@ -319,6 +322,8 @@ class _FlakyProxy(BaseHTTPRequestHandler):
         what = "manifest" if "/manifests/" in self.path else "upload" if "/uploads/" in self.path else "blob"
         kind = f"{self.command} {what}"
         self.seen.append(kind)
+        if "Range" in self.headers:
+            self.ranges.append(self.headers["Range"])
         self.body_bytes[kind] = self.body_bytes.get(kind, 0) + len(body or b"")
         if self.drop_nth.get(kind) == self.seen.count(kind):
             self.close_connection = True
@@ -346,6 +351,13 @@ class _FlakyProxy(BaseHTTPRequestHandler):
             self.send_header(key, value.replace(self.target, f"http://{self.headers['Host']}"))
         self.send_header("Content-Length", str(len(answer.content)))
         self.end_headers()
+        cut = self.cut_after.pop(kind, None) if self.command != "HEAD" else None
+        if cut is not None:  # the connection breaks off mid-body
+            self.wfile.write(answer.content[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if self.command != "HEAD":
             self.wfile.write(answer.content)
 
@@ -650,6 +662,7 @@ def test_a_full_disk_while_downloading_a_base_layer_leaves_no_partial_file(
     base_published: RegistryServer, tmp_path: Path
 ) -> None:
     from vllm_bundle.cache import Cache
+    from vllm_bundle.errors import DiskFullError
     from vllm_bundle.oci import Descriptor
     from vllm_bundle.registry import RegistryClient, platform_manifest
 
@@ -659,10 +672,40 @@ def test_a_full_disk_while_downloading_a_base_layer_leaves_no_partial_file(
     assert layer.size > 1024 * 1024
     with small_disk(tmp_path / "disk", "512k") as disk:
         cache = Cache(disk / "cache")
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(DiskFullError, match="disk full while downloading"):
             client.blob_into(BASE_REPOSITORY, layer, cache)
         assert not list((disk / "cache" / "partial").iterdir()), "the partial download is removed"
         assert not cache.has(layer.digest.removeprefix("sha256:"), None)
+
+
+def test_a_cut_base_layer_download_resumes_where_it_stopped(base_published: RegistryServer, tmp_path: Path) -> None:
+    """Issue #21 (7): a base layer comes through the fetcher's resumable path, not one plain stream."""
+    import io
+
+    from vllm_bundle.cache import Cache
+    from vllm_bundle.oci import Descriptor
+    from vllm_bundle.progress import PlainReporter
+    from vllm_bundle.registry import RegistryClient, platform_manifest
+    from vllm_bundle.transport import RetryPolicy
+
+    class Proxy(_FlakyProxy):
+        target = base_published.url
+        faults: ClassVar[dict[str, int]] = {}
+        cut_after: ClassVar[dict[str, int]] = {"GET blob": 200_000}
+        seen: ClassVar[list[str]] = []
+        ranges: ClassVar[list[str]] = []
+
+    with proxy(Proxy) as host:
+        client = RegistryClient(f"http://{host}", RetryPolicy(attempts=3, backoff=0.01, read_timeout=5.0))
+        data, *_ = platform_manifest(client, BASE_REPOSITORY, "latest", {"architecture": "amd64", "os": "linux"})
+        layer = Descriptor.from_json(json.loads(data)["layers"][0])
+        assert layer.size > 1024 * 1024
+        log = io.StringIO()
+        path = client.blob_into(BASE_REPOSITORY, layer, Cache(tmp_path / "cache"), PlainReporter(log))
+    assert "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() == layer.digest
+    assert Proxy.seen.count("GET blob") == 2, "one cut, one resume"
+    assert Proxy.ranges == ["bytes=200000-"], "the resume asked only for what was missing"
+    assert "retry" in log.getvalue()
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,24 @@ Layout under the cache root::
     partial/ab12....part      an interrupted download, resumed by the next fetch
     partial/ab12....meta      the URL and HTTP validator (ETag) the partial came from
     locks/ab12....lock        held while one process downloads that blob
+
+Every key is checked to be a sha256 in hex before it names a file (a digest from a manifest could
+otherwise be ``../../somewhere``), and an entry that is a symbolic link is refused (a cache restored
+from elsewhere could point one at a user's file, which a download would then write through).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 from filelock import FileLock
 from platformdirs import user_cache_dir
+
+from vllm_bundle.errors import CorruptCacheError
+from vllm_bundle.validate import sha256_hex
 
 CACHE_ENV = "VLLM_BUNDLE_CACHE_DIR"
 
@@ -25,21 +34,52 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path(user_cache_dir("vllm-bundle", appauthor=False))
 
 
+def open_for_writing(path: Path, *, append: bool = False, buffering: int = -1) -> BinaryIO:
+    """A cache file opened for writing without following a symbolic link at its name (``O_NOFOLLOW``:
+    a link planted there fails with ELOOP instead of sending our bytes to the file it points at)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise CorruptCacheError(
+            f"the download cache entry {path} is a symbolic link; the cache does not write through links",
+            "remove it (or the whole cache) and run again",
+        ) from None
+    return os.fdopen(fd, "ab" if append else "wb", buffering=buffering)
+
+
 class Cache:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    def _entry(self, sha256: str, *parts: str) -> Path:
+        """The cache path ``parts`` under the root, for a key checked to be a digest; refused when the
+        entry or a folder of the cache on the way to it is a symbolic link."""
+        sha256_hex(sha256, "a download cache key")
+        path = self.root.joinpath(*parts)
+        for item in (path, *path.parents):
+            if item == self.root:
+                break
+            if item.is_symlink():
+                raise CorruptCacheError(
+                    f"the download cache entry {item} is a symbolic link; the cache does not write through links",
+                    "remove it (or the whole cache) and run again",
+                )
+        return path
+
     def blob(self, sha256: str) -> Path:
-        return self.root / "blobs" / "sha256" / sha256[:2] / sha256
+        return self._entry(sha256, "blobs", "sha256", sha256[:2], sha256)
 
     def partial(self, sha256: str) -> Path:
-        return self.root / "partial" / f"{sha256}.part"
+        return self._entry(sha256, "partial", f"{sha256}.part")
 
     def partial_meta(self, sha256: str) -> Path:
-        return self.root / "partial" / f"{sha256}.meta"
+        return self._entry(sha256, "partial", f"{sha256}.meta")
 
     def lock(self, sha256: str) -> FileLock:
-        path = self.root / "locks" / f"{sha256}.lock"
+        path = self._entry(sha256, "locks", f"{sha256}.lock")
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(path)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_bundle import __version__
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
-from vllm_bundle.errors import BundleError, LockError, RecipeError
+from vllm_bundle.errors import BundleError, LockError, RecipeError, redact_urls
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
 from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.progress import human_size, make_reporter
@@ -128,9 +128,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
     facts = load_facts(path)
     sources = Sources(args.therock_index, args.pypi_index, args.mirror)
     with make_session(RetryPolicy()) as session:
-        probe = run_probe(session, facts, recipes, target, channel, sources, note=lambda line: print(line, flush=True))
+
+        def say(line: str) -> None:
+            print(redact_urls(line), flush=True)
+
+        probe = run_probe(session, facts, recipes, target, channel, sources, note=say)
     for difference in probe.differences:
-        print(difference.line())
+        print(redact_urls(difference.line()))
     if probe.differences:
         print(
             f"error: {len(probe.differences)} of {probe.checked} facts of {path} differ from what channel "

@@ -5,6 +5,17 @@ Anything that is not a :class:`BundleError` is a bug in this tool and keeps its 
 
 from __future__ import annotations
 
+import re
+
+#: The userinfo of an URL (``https://user:token@host/``): a password or token that must never be printed.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with every URL's userinfo replaced by ``***`` (``https://***@host/``). Every line this tool
+    prints about an URL goes through here: errors (below) and the progress reporters' notes."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
 
 class BundleError(Exception):
     """Base of every user-facing error. ``str(err)`` is the one line the CLI prints."""
@@ -17,7 +28,7 @@ class BundleError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return f"{self.message} ({self.hint})" if self.hint else self.message
+        return redact_urls(f"{self.message} ({self.hint})" if self.hint else self.message)
 
 
 class RecipeError(BundleError):
@@ -68,3 +79,7 @@ class CorruptCacheError(FetchError):
 
 class DiskFullError(FetchError):
     """The disk filled up while writing; the partial file was removed."""
+
+
+class InvalidValueError(BundleError):
+    """A value read from a manifest, a lock, an index page or a flag is not of the form it must have."""

@@ -16,10 +16,10 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote, urlsplit
@@ -28,7 +28,7 @@ import requests
 import urllib3
 from filelock import Timeout as LockTimeout
 
-from vllm_bundle.cache import Cache
+from vllm_bundle.cache import Cache, open_for_writing
 from vllm_bundle.errors import (
     BundleError,
     CorruptCacheError,
@@ -59,10 +59,12 @@ class Artifact:
 
 @dataclass(frozen=True)
 class Source:
-    """Where to read an artifact from this time: an URL or a file in a local mirror directory."""
+    """Where to read an artifact from this time: an URL (with the headers its host wants, such as a
+    registry's token) or a file in a local mirror directory."""
 
     url: str | None = None
     path: Path | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return self.url or str(self.path)
@@ -80,7 +82,8 @@ def mirror_source(mirror: str | None, artifact: Artifact) -> Source:
 
 
 def host_of(url: str) -> str:
-    return urlsplit(url).netloc
+    """``host[:port]`` of ``url``, without the userinfo (a password or token is never printed)."""
+    return urlsplit(url).netloc.rpartition("@")[2]
 
 
 def _content_range_ok(header: str | None, start: int, size: int | None) -> bool:
@@ -346,7 +349,7 @@ class Fetcher:
             self._copy_local(artifact, source.path, partial)
         else:
             assert source.url is not None
-            self._download(artifact, source.url, partial)
+            self._download(artifact, source, partial)
 
     def _disk_error(self, artifact: Artifact, err: OSError) -> BundleError:
         """A write into the cache failed: a full disk removes the partial file, as promised."""
@@ -367,10 +370,12 @@ class Fetcher:
                 f"{artifact.filename} is not in the mirror directory {path.parent}",
                 "copy it there, or fetch without --mirror",
             )
-        with path.open("rb") as src, partial.open("wb") as out:
+        with path.open("rb") as src, open_for_writing(partial) as out:
             self._write(artifact, out, iter(lambda: src.read(CHUNK), b""))
 
-    def _download(self, artifact: Artifact, url: str, partial: Path) -> None:
+    def _download(self, artifact: Artifact, source: Source, partial: Path) -> None:
+        assert source.url is not None
+        url = source.url
         meta_path = self.cache.partial_meta(artifact.sha256)
         validator = self._load_validator(meta_path, url)
         broken = 0
@@ -382,7 +387,7 @@ class Fetcher:
                 self.cache.discard_partial(artifact.sha256)  # longer than the pin: cannot be right
                 have = 0
             try:
-                self._download_once(artifact, url, partial, have, validator, meta_path)
+                self._download_once(artifact, source, partial, have, validator, meta_path)
                 return
             except _BodyBroken as err:
                 broken += 1
@@ -417,13 +422,15 @@ class Fetcher:
     def _download_once(
         self,
         artifact: Artifact,
-        url: str,
+        source: Source,
         partial: Path,
         have: int,
         validator: str | None,
         meta_path: Path,
     ) -> None:
-        headers = {}
+        assert source.url is not None
+        url = source.url
+        headers = dict(source.headers)
         if have:
             headers["Range"] = f"bytes={have}-"
             if validator:
@@ -436,8 +443,9 @@ class Fetcher:
                 raise _BodyBroken(f"server answered an unusable range {response.headers.get('Content-Range')}")
             if have and not resuming:
                 self.reporter.restart(artifact.filename, 0, "server ignored the range request; restarting")
-            meta_path.write_text(json.dumps({"url": url, "validator": _strong_validator(response)}))
-            with partial.open("ab" if resuming else "wb", buffering=0) as out:
+            with open_for_writing(meta_path) as meta:
+                meta.write(json.dumps({"url": url, "validator": _strong_validator(response)}).encode())
+            with open_for_writing(partial, append=resuming, buffering=0) as out:
                 try:
                     self._write(artifact, out, self._body(response))
                 except (requests.RequestException, urllib3.exceptions.HTTPError) as err:

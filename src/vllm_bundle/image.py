@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_bundle.archive import archiver
-from vllm_bundle.cache import Cache
+from vllm_bundle.cache import Cache, open_for_writing
 from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError
 from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import dump_json, read_json
@@ -158,7 +158,8 @@ def _keep(cache: Cache, data: bytes) -> None:
         return
     partial = cache.partial(sha256)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_bytes(data)
+    with open_for_writing(partial) as handle:
+        handle.write(data)
     cache.commit(partial, sha256)
 
 

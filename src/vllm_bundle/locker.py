@@ -62,6 +62,7 @@ from vllm_bundle.therock import Host, Owned, lock_rocm_sdist, pinned_stack, read
 from vllm_bundle.transport import check_url, describe
 from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.triton_kernels import lock_archive
+from vllm_bundle.validate import sha256_hex
 
 SDK_CORE = "rocm-sdk-core"  # the ROCm version of a lock is this wheel's
 
@@ -115,6 +116,8 @@ def lock_python(recipes: Recipes, channel: Channel, fetcher: Fetcher, sources: S
         name.strip().lstrip("*"): digest
         for digest, _, name in (line.strip().partition(" ") for line in sums.splitlines() if line.strip())
     }
+    if python.asset in expected:
+        expected[python.asset] = sha256_hex(expected[python.asset].lower(), f"{sums_source} line {python.asset}")
     if python.asset not in expected:
         raise LockError(
             f"python-build-standalone release {python.release} does not list {python.asset} in SHA256SUMS",

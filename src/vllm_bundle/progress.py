@@ -18,6 +18,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from vllm_bundle.errors import redact_urls
+
 
 def human_size(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -75,7 +77,7 @@ class PlainReporter:
         self._line(f"{status:<6} {self._labels.get(key, key)} ({moved} in {seconds:.1f} s)")
 
     def note(self, message: str) -> None:
-        self._line(message)
+        self._line(redact_urls(message))
 
 
 class RichReporter:
@@ -124,7 +126,7 @@ class RichReporter:
             self.progress.console.log(f"{status} {key}")
 
     def note(self, message: str) -> None:
-        self.progress.console.log(message)
+        self.progress.console.log(redact_urls(message))
 
 
 def make_reporter(grand_total: int | None, plain: bool | None = None) -> Reporter:

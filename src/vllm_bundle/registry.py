@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import io
 import json
 import os
@@ -35,6 +34,7 @@ import requests
 
 from vllm_bundle.cache import Cache
 from vllm_bundle.errors import FetchError, HashMismatchError, NetworkError
+from vllm_bundle.fetch import Artifact, Fetcher, Source
 from vllm_bundle.oci import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -46,7 +46,7 @@ from vllm_bundle.oci import (
     open_blob,
     sha256_digest,
 )
-from vllm_bundle.progress import human_size
+from vllm_bundle.progress import PlainReporter, Reporter, human_size
 from vllm_bundle.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
 
 USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
@@ -227,40 +227,25 @@ class RegistryClient:
         media_type = response.headers.get("content-type", "").split(";")[0].strip()
         return data, media_type, digest
 
-    def blob_into(self, repository: str, descriptor: Descriptor, cache: Cache) -> Path:
-        """The blob's verified bytes in the cache (downloaded unless present with its size)."""
+    def blob_into(
+        self, repository: str, descriptor: Descriptor, cache: Cache, reporter: Reporter | None = None
+    ) -> Path:
+        """The blob's verified bytes in the cache, downloaded unless present with its size. The download
+        goes through the fetcher like every other one (a base layer is hundreds of MB): retried, resumed
+        with Range after a cut or a stall, with progress, and checked against the digest before it is
+        cached. The registry's token is asked for first and handed to the fetcher as a header."""
         sha256 = descriptor.digest.removeprefix("sha256:")
-        with cache.lock(sha256):
-            if cache.has(sha256, descriptor.size):
-                return cache.blob(sha256)
-            partial = cache.partial(sha256)
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            url = self._url(f"/v2/{repository}/blobs/{descriptor.digest}")
-            response = self._check(
-                self._send("GET", url, f"repository:{repository}:pull", stream=True),
-                f"cannot download {repository}@{descriptor.digest}",
-            )
-            digest, size = hashlib.sha256(), 0
-            try:
-                with partial.open("wb") as handle:
-                    for chunk in response.iter_content(1 << 20):
-                        handle.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-            except BaseException as err:  # a full disk, Ctrl-C: nothing half-written stays behind
-                cache.discard_partial(sha256)
-                if not isinstance(err, requests.RequestException):
-                    raise
-                raise NetworkError(
-                    f"cannot download {repository}@{descriptor.digest}: {describe(err)}", "try again"
-                ) from None
-            if digest.hexdigest() != sha256 or size != descriptor.size:
-                cache.discard_partial(sha256)
-                raise HashMismatchError(
-                    f"{repository}@{descriptor.digest} arrived as {size} bytes with sha256 {digest.hexdigest()}",
-                    "the registry served other bytes; try again or lock again",
-                )
-            return cache.commit(partial, sha256)
+        if cache.has(sha256, descriptor.size):
+            return cache.blob(sha256)
+        scope = f"repository:{repository}:pull"
+        url = self._url(f"/v2/{repository}/blobs/{descriptor.digest}")
+        self._check(self._send("HEAD", url, scope), f"cannot download {repository}@{descriptor.digest}")
+        token = self._tokens.get(scope)
+        source = Source(url=url, headers={"Authorization": token} if token else {})
+        name = f"{repository}@{descriptor.digest[:19]}"
+        artifact = Artifact(name, name, url, sha256, descriptor.size)
+        with Fetcher(cache, reporter or PlainReporter(), policy=self.policy, jobs=1) as fetcher:
+            return fetcher.fetch_one(artifact, source)
 
     def blob_bytes(self, repository: str, descriptor: Descriptor, cache: Cache) -> bytes:
         return self.blob_into(repository, descriptor, cache).read_bytes()

@@ -16,6 +16,7 @@ import requests
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.fetch import UNREACHABLE_HINT
 from vllm_bundle.transport import check_url, describe
+from vllm_bundle.validate import sha256_hex
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 #: What a page that is not there answers: 404 on PyPI and rocm.nightlies.amd.com, 403 on repo.amd.com (an
@@ -54,6 +55,13 @@ def _split_hash(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(fragment="")), digest if algo == "sha256" and digest else None
 
 
+def _digest(value: object, page: str, filename: str) -> str | None:
+    """An index's sha256 for a file, checked (it becomes a cache path), or None when it gives none."""
+    if value is None:
+        return None
+    return sha256_hex(value.lower() if isinstance(value, str) else value, f"the sha256 {page} gives for {filename}")
+
+
 def _epoch(stamp: str | None) -> int | None:
     return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()) if stamp else None
 
@@ -77,7 +85,7 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
             IndexFile(
                 filename=entry["filename"],
                 url=urljoin(page, entry["url"]),
-                sha256=entry.get("hashes", {}).get("sha256"),
+                sha256=_digest(entry.get("hashes", {}).get("sha256"), page, entry["filename"]),
                 size=entry.get("size"),
                 upload_time=_epoch(entry.get("upload-time")),
             )
@@ -88,7 +96,8 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
     files = []
     for text, href in parser.links:
         url, sha = _split_hash(urljoin(page, href))
-        files.append(IndexFile(text or url.rsplit("/", 1)[-1], url, sha, None, None))
+        filename = text or url.rsplit("/", 1)[-1]
+        files.append(IndexFile(filename, url, _digest(sha, page, filename), None, None))
     return files
 
 

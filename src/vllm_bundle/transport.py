@@ -13,7 +13,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
@@ -53,17 +53,27 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def check_url(url: str) -> None:
+def check_url(url: str, redirected_from: str | None = None) -> None:
     """HTTPS only, except loopback hosts (local mirrors, the test upstream)."""
     parts = urlsplit(url)
     if parts.scheme == "https":
         return
     if parts.scheme == "http" and is_loopback(parts.hostname):
         return
+    hop = f" (a redirect from {redirected_from})" if redirected_from else ""
     raise InsecureURLError(
-        f"refusing to download {url}: only https:// URLs (or http:// on a loopback address) are allowed",
+        f"refusing to download {url}{hop}: only https:// URLs (or http:// on a loopback address) are allowed",
         "use an https mirror or a local directory with --mirror",
     )
+
+
+def _check_redirect(response: requests.Response, *args: object, **kwargs: object) -> None:
+    """Every hop of a redirect is held to :func:`check_url` before it is followed: an https mirror (or a
+    loopback one) answering 302 to a plain-http host would otherwise hand us bytes and manifests over an
+    unchecked hop. A requests response hook: it sees each answer, redirects included, before the next
+    request is made."""
+    if response.is_redirect:
+        check_url(urljoin(response.url, response.headers["location"]), redirected_from=response.url)
 
 
 def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
@@ -82,6 +92,7 @@ def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
     )
     adapter = HTTPAdapter(max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
     session = requests.Session()
+    session.hooks["response"].append(_check_redirect)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     session.headers["User-Agent"] = f"vllm-bundle/{__version__}"

@@ -31,7 +31,7 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 class Fault:
     """One misbehaviour, applied to the next ``times`` requests of a path (None: every request)."""
 
-    kind: str  # "status" | "cut" | "ignore-range" | "wrong-bytes" | "stall" | "throttle"
+    kind: str  # "status" | "cut" | "ignore-range" | "wrong-bytes" | "stall" | "throttle" | "redirect"
     times: int | None = 1
     status: int = 500
     retry_after: str | None = None
@@ -39,6 +39,7 @@ class Fault:
     seconds: float = 0.0  # stall length
     rate: int = 0  # throttle: bytes per second
     agent: str = ""  # only requests whose User-Agent starts with this (uv and the tool share the upstream)
+    location: str = ""  # redirect: where a 302 sends the client
 
 
 @dataclass
@@ -154,6 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
         fault = self.upstream.take_fault(path, self.headers.get("User-Agent", ""))
         if fault and fault.kind == "status":
             self._status_only(path, fault)
+            return
+        if fault and fault.kind == "redirect":
+            self._send_simple(path, 302, b"", {"Location": fault.location})
             return
         file = self._resolve(path)
         if file is None:
