@@ -223,3 +223,16 @@ def test_the_partial_file_helper_refuses_links(tmp_path: Path) -> None:
         open_for_writing(tmp_path / "link", append=True)
     assert victim.read_text() == "kept"
     assert os.path.islink(tmp_path / "link")
+
+
+@pytest.mark.parametrize("meta", ["[]", '{"url": 5}', '{"url": "%s", "validator": {"x": 1}}', "\x00"])
+def test_a_damaged_partial_meta_file_only_costs_the_resume_guard(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, meta: str
+) -> None:
+    artifact = pinned(blob, upstream)
+    cache = Cache(tmp_path / "cache")
+    cache.partial(artifact.sha256).parent.mkdir(parents=True)
+    cache.partial(artifact.sha256).write_bytes(blob.read_bytes()[:1000])
+    cache.partial_meta(artifact.sha256).write_text(meta.replace("%s", artifact.url))
+    fetcher, _ = fetcher_for(cache.root)
+    assert fetcher.fetch_one(artifact).read_bytes() == blob.read_bytes()

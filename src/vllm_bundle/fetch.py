@@ -483,8 +483,13 @@ class Fetcher:
 
     @staticmethod
     def _load_validator(meta_path: Path, url: str) -> str | None:
+        """The ETag or date a partial file came with, if it came from ``url`` (a damaged or foreign meta
+        file only costs the resume's If-Range guard: the bytes are still checked against the pin)."""
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             return None
-        return meta.get("validator") if meta.get("url") == url else None
+        if not isinstance(meta, dict) or meta.get("url") != url:
+            return None
+        validator = meta.get("validator")
+        return validator if isinstance(validator, str) and validator.isprintable() else None
