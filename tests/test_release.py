@@ -248,7 +248,10 @@ def test_targets_on_another_release_line_become_lemonade_overrides(assets: Path,
     """Lemonade's backend_versions.json keeps one vllm.rocm pin and vllm.rocm_arch_overrides per family."""
     files = [assets / "backend_versions.json"]
     for target, pin in (("gfx110X", f"vllm0.33.0-rocm{ROCM_VERSION}"), ("gfx942", "vllm0.32.0-rocm7.13.0")):
-        doc = {"vllm": {"rocm": pin}, "checksums": {"github": {TEST_REPO: {f"{pin}-{target}": {"a": "sha256:0"}}}}}
+        doc = {
+            "vllm": {"rocm": pin},
+            "checksums": {"github": {TEST_REPO: {f"{pin}-{target}": {"a": "sha256:" + "0" * 64}}}},
+        }
         files.append(tmp_path / f"{target}.json")
         files[-1].write_text(json.dumps(doc))
     result = run_cli("merge-manifests", *files, "-o", tmp_path / "merged.json")
@@ -263,7 +266,7 @@ def test_targets_on_another_release_line_become_lemonade_overrides(assets: Path,
 
 
 def test_a_tag_without_its_target_is_refused_in_one_line(tmp_path: Path) -> None:
-    doc = {"vllm": {"rocm": "v1"}, "checksums": {"github": {TEST_REPO: {"v1": {"a": "sha256:0"}}}}}
+    doc = {"vllm": {"rocm": "v1"}, "checksums": {"github": {TEST_REPO: {"v1": {"a": "sha256:" + "0" * 64}}}}}
     (tmp_path / "hand-made.json").write_text(json.dumps(doc))
     bad = run_cli("merge-manifests", tmp_path / "hand-made.json", "-o", tmp_path / "merged.json")
     assert_one_line_error(bad, "tag 'v1' does not end in -<target>")

@@ -72,6 +72,13 @@ class PartWriter:
     _hash: hashlib._Hash | None = None
     _written: int = 0
 
+    def __post_init__(self) -> None:
+        # A part size below one byte never fills a part: write() would open empty parts forever.
+        if isinstance(self.part_size, bool) or not isinstance(self.part_size, int) or self.part_size < 1:
+            raise ArchiveError(
+                f"part size {self.part_size!r} is not a whole number of bytes above 0", "pass --part-size N"
+            )
+
     def _open_next(self) -> None:
         self._close_current()
         path = self.directory / f".{self.stem}.part{len(self.parts) + 1:02d}.tmp"
@@ -200,8 +207,14 @@ def write_archive(
     level: int = DEFAULT_LEVEL,
 ) -> tuple[list[Part], int, str]:
     """Archive ``root`` into parts in ``out_dir``; returns (parts, whole size, whole sha256)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve().is_relative_to(root.resolve()):
+        raise ArchiveError(
+            f"the archive's folder {out_dir} is inside the tree it archives, {root} (it would hold its own parts, "
+            "and the next archive this release)",
+            "pass a --bundles-dir outside the build directory's target folders",
+        )
     writer = PartWriter(out_dir, stem, part_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
     seen: dict[tuple[int, int], str] = {}
     try:
         with (

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllm_bundle import __version__
 from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
@@ -378,6 +379,12 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     recipes.channel(args.channel)
     check_stage_names(args.force_stage)
     wants_image = args.image or bool(args.push)
+    if not args.no_archive:
+        check_release_dirs(args.build_dir, args.target, args.bundles_dir)
+    if wants_image:
+        from vllm_bundle.kserve import check_target
+
+        check_target(args.target)  # its KServe names, checked now rather than after the build
     if "image" in args.force_stage and not wants_image:
         raise RecipeError("--force image redoes the image stage, which runs only with --image", "add --image")
     if wants_image and args.no_archive:
@@ -523,9 +530,9 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 def cmd_merge_manifests(args: argparse.Namespace) -> int:
     from vllm_bundle.fsutil import atomic_write
-    from vllm_bundle.manifests import dump_json, merge_backend_versions, read_json
+    from vllm_bundle.manifests import dump_json, merge_backend_versions, read_backend_versions
 
-    merged = merge_backend_versions([read_json(path) for path in args.files])
+    merged = merge_backend_versions([read_backend_versions(path) for path in args.files])
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
     print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
@@ -649,6 +656,123 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad option reported as every other user error is: one line, ``error: <what>
+    (<how to fix>)``, exit 2 (argparse's own code), no usage dump above it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {_one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def _whole_number(lowest: int, highest: int | None = None, unit: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: a whole number in [lowest, highest]; argparse names the option."""
+    upper = f" and at most {highest}" if highest is not None else ""
+    wanted = f"a whole number{unit} of at least {lowest}{upper}"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+        if value < lowest or (highest is not None and value > highest):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+        return value
+
+    return parse
+
+
+#: A socket timeout beyond this overflows the platform's time_t on some systems; a day is plenty.
+MAX_SECONDS = 86400.0
+
+
+def _seconds(text: str) -> float:
+    """An argparse ``type``: a number of seconds above 0 (and at most a day)."""
+    wanted = f"a number of seconds above 0 and at most {MAX_SECONDS:.0f}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+    return value
+
+
+def _nearest_existing(path: Path) -> Path:
+    for candidate in (path, *path.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return Path(path.anchor or ".")
+
+
+def _why_not_writable(path: Path) -> str:
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    return "permission denied"
+
+
+def check_work_dir(path: Path, option: str) -> None:
+    """A directory this run writes into (``--cache-dir``, ``--build-dir``, ``--bundles-dir``) is one or can
+    be made, and is writable: checked before any stage, without creating it (a refused run leaves nothing)."""
+    if option.startswith("--"):
+        hint = f"pass {option} a directory you can write to"
+    else:
+        hint = f"set ${CACHE_ENV} or pass --cache-dir: a directory you can write to"
+    shown = f"{option} {path}"
+    absolute = path.absolute()
+    if absolute.is_dir():
+        if not os.access(absolute, os.W_OK | os.X_OK):
+            raise BundleError(f"{shown} is not writable: {_why_not_writable(absolute)}", hint)
+        return
+    if os.path.lexists(absolute):
+        what = "a broken symbolic link" if not absolute.exists() else "not a directory"
+        raise BundleError(f"{shown} is {what}", hint)
+    ancestor = _nearest_existing(absolute.parent)
+    if not ancestor.is_dir():
+        raise BundleError(f"{shown} cannot be made: {ancestor} is a file", hint)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        why = _why_not_writable(ancestor)
+        where = "is on a read-only file system" if why == "read-only file system" else "is not writable"
+        raise BundleError(f"{shown} cannot be made: {ancestor} {where}", hint)
+
+
+def _check_work_dirs(args: argparse.Namespace) -> None:
+    """Every directory the verb will write into, before it starts."""
+    if getattr(args, "build_dir", None) is not None:
+        check_work_dir(args.build_dir, "--build-dir")
+    if getattr(args, "bundles_dir", None) is not None and not args.no_archive:
+        check_work_dir(args.bundles_dir, "--bundles-dir")
+    if hasattr(args, "cache_dir") and not (args.verb == "lock" and args.check):
+        if args.cache_dir is not None:
+            check_work_dir(args.cache_dir, "--cache-dir")
+        elif os.environ.get(CACHE_ENV):
+            check_work_dir(default_cache_dir(), f"${CACHE_ENV}")
+        else:
+            check_work_dir(default_cache_dir(), "the download cache")
+
+
+def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
+    """The release assets must not land inside the target's build tree (its root is what the archive
+    holds, so the next archive would carry this release; every stage folder there is replaced whole),
+    nor the build tree inside a release folder (a release replaces its folder whole)."""
+    resolved_tree, resolved_bundles = (build_dir / target).resolve(), bundles_dir.resolve()
+    if resolved_bundles.is_relative_to(resolved_tree):
+        raise RecipeError(
+            f"--bundles-dir {bundles_dir} is inside {build_dir / target}, the build tree of {target} "
+            f"(its root is archived: the next archive would hold this release)",
+            "pass a --bundles-dir outside --build-dir's target folders, e.g. ./bundles beside ./build",
+        )
+    build = build_dir.resolve()
+    if build.is_relative_to(resolved_bundles) and len(build.relative_to(resolved_bundles).parts) >= 2:
+        raise RecipeError(
+            f"--build-dir {build_dir} is inside a release folder of --bundles-dir {bundles_dir} "
+            f"(a release replaces its folder whole)",
+            "keep the build directory out of the bundles directory's folders, e.g. ./build beside ./bundles",
+        )
+
+
 def _build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target")
     parser.add_argument("--vllm", metavar="VERSION", help="use this vLLM source release instead of the locked one")
@@ -677,16 +801,18 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--cache-dir", type=Path, default=None, help=f"download cache (${CACHE_ENV}, else {default_cache_dir()})"
     )
     parser.add_argument("--channel", default=DEFAULT_CHANNEL, help=f"release channel ({DEFAULT_CHANNEL})")
-    parser.add_argument("--jobs", "-j", type=int, default=min(8, (os.cpu_count() or 2) * 2), help="parallel downloads")
+    parser.add_argument(
+        "--jobs", "-j", type=_whole_number(1, 64), default=min(8, (os.cpu_count() or 2) * 2), help="parallel downloads"
+    )
     parser.add_argument(
         "--retries",
-        type=int,
+        type=_whole_number(1, 100),
         default=RetryPolicy.attempts,
         help=f"attempts per request and per interrupted body ({RetryPolicy.attempts})",
     )
     parser.add_argument(
         "--read-timeout",
-        type=float,
+        type=_seconds,
         default=RetryPolicy.read_timeout,
         help="seconds a stalled download may stay silent before it is resumed",
     )
@@ -721,7 +847,9 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
     _index_options(parser, " (when locking first)")
     parser.add_argument("--bundles-dir", type=Path, default=Path("bundles"), help="release assets (./bundles)")
     parser.add_argument("--repo", help=f"GitHub owner/name the assets are published in (${REPO_ENV})")
-    parser.add_argument("--part-size", type=int, default=DEFAULT_PART_SIZE, help="largest part, in bytes")
+    parser.add_argument(
+        "--part-size", type=_whole_number(1, unit=" of bytes"), default=DEFAULT_PART_SIZE, help="largest part, in bytes"
+    )
     parser.add_argument(
         "--level",
         type=int,
@@ -751,7 +879,7 @@ def _registry_mirror_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-bundle", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="vllm-bundle", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"vllm-bundle {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
@@ -822,9 +950,11 @@ def build_parser() -> argparse.ArgumentParser:
     gpu.add_argument("--model", required=True, help="a small model (directory or hub id) for vllm-server")
     gpu.add_argument("--target", help="the bundle's target (default: read from its launcher)")
     gpu.add_argument("--tiers", type=int, choices=(1, 2), default=2, help="1: probe only; 2: also serve (default)")
-    gpu.add_argument("--port", type=int, help="port for vllm-server on 127.0.0.1 (default: a free one)")
-    gpu.add_argument("--boot-timeout", type=float, default=900.0, help="seconds to wait for /health (900)")
-    gpu.add_argument("--max-model-len", type=int, default=2048, help="passed to vllm-server (2048)")
+    gpu.add_argument(
+        "--port", type=_whole_number(1, 65535), help="port for vllm-server on 127.0.0.1 (default: a free one)"
+    )
+    gpu.add_argument("--boot-timeout", type=_seconds, default=900.0, help="seconds to wait for /health (900)")
+    gpu.add_argument("--max-model-len", type=_whole_number(1), default=2048, help="passed to vllm-server (2048)")
     gpu.add_argument("--report", type=Path, help="JSON report (qualification-gpu-<target>.json)")
     gpu.add_argument("--log", type=Path, help="vllm-server's output (vllm-server-<target>.log)")
     gpu.add_argument("--release-dir", type=Path, help="merge the outcome into this release's release.json")
@@ -865,6 +995,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
+        _check_work_dirs(args)
         return int(args.func(args))
     except BundleError as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)

@@ -26,8 +26,9 @@ from packaging.markers import InvalidMarker, Marker
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from vllm_bundle.errors import LockError, LockMissingError
+from vllm_bundle.errors import BundleError, LockError, LockMissingError
 from vllm_bundle.fetch import Artifact
+from vllm_bundle.validate import sha256_hex
 
 LOCK_VERSION = 4
 BUILD_GROUP = "build"
@@ -127,23 +128,124 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
             "one was edited or replaced alone",
             "re-lock instead of editing lock files by hand",
         )
-    try:
-        entries = doc["artifacts"]
-        artifacts = tuple(Artifact(e["name"], e["filename"], e["url"], e["sha256"], e["size"]) for e in entries)
-        lock = Lock(
-            target=doc["target"],
-            channel=doc["channel"],
-            recipe_hash=doc["recipe-hash"],
-            pylock_sha256=pylock_sha,
-            source_date_epoch=int(doc["source-date-epoch"]),
-            versions=doc["versions"],
-            artifacts=artifacts,
-            roles={e["role"]: e["sha256"] for e in entries},
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise LockError(f"{lock_path} is missing or has a bad field: {err}", "re-lock") from None
+    fields = _Fields(lock_path, doc)
+    entries = [_Fields(lock_path, entry, f"artifacts[{n}]") for n, entry in enumerate(fields.tables("artifacts"))]
+    artifacts = tuple(
+        Artifact(e.text("name"), e.file_name("filename"), e.text("url"), e.sha256("sha256"), e.size("size"))
+        for e in entries
+    )
+    lock = Lock(
+        target=fields.text("target"),
+        channel=fields.text("channel"),
+        recipe_hash=fields.text("recipe-hash"),
+        pylock_sha256=pylock_sha,
+        source_date_epoch=fields.whole("source-date-epoch", "a whole number of seconds"),
+        versions=fields.texts("versions"),
+        artifacts=artifacts,
+        roles={e.text("role"): a.sha256 for e, a in zip(entries, artifacts, strict=True)},
+    )
     with pylock_path.open("rb") as handle:
-        return lock, tomllib.load(handle)
+        pylock = tomllib.load(handle)
+    check_pylock(pylock, pylock_path)
+    return lock, pylock
+
+
+def toml_kind(value: object) -> str:
+    """How a TOML value is called in an error: "a string", "an array", "a table", ..."""
+    kinds: list[tuple[type | tuple[type, ...], str]] = [
+        (bool, "a boolean"),  # before int: a bool is an int in Python
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a table"),
+    ]
+    return next((name for kind, name in kinds if isinstance(value, kind)), "a date or time")
+
+
+class _Fields:
+    """One table of a lock file whose values are checked as they are read: each bad one is a one-line
+    :class:`LockError` naming the file and the field (``artifacts[2].size``), never a traceback. The
+    content hash only shows an edit; a lock re-signed after one must still be refused by type."""
+
+    def __init__(self, path: Path, table: object, prefix: str = "") -> None:
+        self.path, self.prefix = path, prefix
+        if not isinstance(table, dict):
+            raise self.error("", f"is {toml_kind(table)}, not a table")
+        self.table: dict[str, Any] = table
+
+    def error(self, key: str, problem: str) -> LockError:
+        field = ".".join(part for part in (self.prefix, key) if part)
+        return LockError(f"{self.path}: {field} {problem}", "re-lock instead of editing lock files by hand")
+
+    def value(self, key: str, kind: type, expected: str, *, required: bool = True) -> Any:
+        if key not in self.table:
+            if required:
+                raise self.error(key, "is missing")
+            return None
+        value = self.table[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise self.error(key, f"is {toml_kind(value)}, not {expected}")
+        return value
+
+    def text(self, key: str, *, required: bool = True) -> Any:
+        return self.value(key, str, "a string", required=required)
+
+    def texts(self, key: str) -> dict[str, str]:
+        table = _Fields(self.path, self.value(key, dict, "a table"), f"{self.prefix}.{key}".lstrip("."))
+        return {name: table.text(name) for name in table.table}
+
+    def whole(self, key: str, expected: str, *, required: bool = True) -> Any:
+        value = self.value(key, int, expected, required=required)
+        if value is not None and value < 0:
+            raise self.error(key, f"is {value}, not {expected}")
+        return value
+
+    def size(self, key: str) -> int | None:
+        """A size in bytes; absent means unknown (a lock records one when the index gives it)."""
+        value: int | None = self.whole(key, "a whole number of bytes", required=False)
+        return value
+
+    def sha256(self, key: str, *, required: bool = True) -> Any:
+        if key not in self.table and not required:
+            return None
+        field = ".".join(part for part in (self.prefix, key) if part)
+        try:
+            return sha256_hex(self.table.get(key), f"{self.path}: {field}")
+        except BundleError as err:
+            raise LockError(err.message, "re-lock instead of editing lock files by hand") from None
+
+    def file_name(self, key: str) -> str:
+        name: str = self.text(key)
+        if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+            raise self.error(key, f"is {name[:80]!r}, not a file name")
+        return name
+
+    def tables(self, key: str, *, required: bool = True) -> list[Any]:
+        items: list[Any] = self.value(key, list, "an array of tables", required=required) or []
+        for number, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise self.error(f"{key}[{number}]", f"is {toml_kind(item)}, not a table")
+        return items
+
+
+def check_pylock(pylock: Mapping[str, Any], path: Path) -> None:
+    """Every value of a PEP 751 lock that this tool reads, checked by type (one line naming the file and
+    field): package names, versions and markers; each wheel's url, name, size and sha256."""
+    doc = _Fields(path, dict(pylock))
+    for number, raw in enumerate(doc.tables("packages", required=False)):
+        package = _Fields(path, raw, f"packages[{number}]")
+        package.text("name")
+        package.text("version", required=False)
+        package.text("marker", required=False)
+        for index, wheel_raw in enumerate(package.tables("wheels", required=False)):
+            wheel = _Fields(path, wheel_raw, f"packages[{number}].wheels[{index}]")
+            wheel.text("url")
+            wheel.text("name", required=False)
+            wheel.size("size")
+            hashes = wheel.value("hashes", dict, "a table", required=False)
+            if hashes is not None:
+                _Fields(path, hashes, f"{wheel.prefix}.hashes").sha256("sha256", required=False)
 
 
 def platform_tags(platform: str) -> list[str]:

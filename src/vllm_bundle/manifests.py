@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.validate import sha256_hex
 
 RELEASE_JSON = "release.json"
 BACKEND_VERSIONS = "backend_versions.json"
@@ -25,6 +27,8 @@ DEFAULT_PART_SIZE = 1_900_000_000
 DEFAULT_LEVEL = 6
 #: Where GitHub Actions names the repository the assets are published in.
 REPO_ENV = "GITHUB_REPOSITORY"
+#: A GitHub ``owner/name``: an owner is letters, digits and '-' (at most 39), a name also '.' and '_'.
+GITHUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
 
 
 class ManifestError(BundleError):
@@ -82,7 +86,7 @@ def check_repo(repo: str) -> None:
     hint = f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)"
     if not repo:
         raise ManifestError("no GitHub repository for backend_versions.json checksums", hint)
-    if repo.count("/") != 1 or not all(repo.split("/")) or any(c.isspace() for c in repo):
+    if not GITHUB_REPO.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
         raise ManifestError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
 
 
@@ -93,6 +97,70 @@ def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str])
         "vllm": {"rocm": pin_of(tag, target)},
         "checksums": {"github": {repo: {tag: {name: f"sha256:{digest}" for name, digest in sorted(parts.items())}}}},
     }
+
+
+def json_kind(value: object) -> str:
+    """How a JSON value is called in an error: "a string", "an array", "a JSON object", ..."""
+    if value is None:
+        return "null"
+    kinds: list[tuple[type | tuple[type, ...], str]] = [
+        (bool, "a boolean"),  # before int: a bool is an int in Python
+        ((int, float), "a number"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a JSON object"),
+    ]
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _object(value: object, where: str, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where}: {field} is {json_kind(value)}, not a JSON object", BAD_MANIFEST_HINT)
+    return value
+
+
+def _string(value: object, where: str, field: str) -> str:
+    if not isinstance(value, str):
+        raise ManifestError(f"{where}: {field} is {json_kind(value)}, not a string", BAD_MANIFEST_HINT)
+    return value
+
+
+BAD_MANIFEST_HINT = f"use a {BACKEND_VERSIONS} the release stage wrote"
+
+
+def check_backend_versions(doc: object, where: str) -> dict[str, Any]:
+    """``doc`` if it is a backend_versions.json every reader can use: each field of the type it must have
+    (``vllm.rocm`` and each override a string, every checksum ``sha256:<hex>``), every repository an
+    ``owner/name`` and every tag ``<pin>-<target>``; else one line naming ``where`` and the field."""
+    top = _object(doc, where, "the document")
+    for key in ("vllm", "checksums"):
+        if key not in top:
+            raise ManifestError(f"{where}: no {key} (not a {BACKEND_VERSIONS})", BAD_MANIFEST_HINT)
+    vllm = _object(top["vllm"], where, "vllm")
+    if "rocm" not in vllm:
+        raise ManifestError(f"{where}: no vllm.rocm pin (not a {BACKEND_VERSIONS})", BAD_MANIFEST_HINT)
+    _string(vllm["rocm"], where, "vllm.rocm")
+    overrides = _object(vllm.get("rocm_arch_overrides", {}), where, "vllm.rocm_arch_overrides")
+    for target, pin in overrides.items():
+        _string(pin, where, f"vllm.rocm_arch_overrides.{target}")
+    github = _object(_object(top["checksums"], where, "checksums").get("github"), where, "checksums.github")
+    for repo, tags in github.items():
+        if not GITHUB_REPO.fullmatch(repo):
+            raise ManifestError(f"{where}: checksums.github names {repo!r}, not <owner>/<name>", BAD_MANIFEST_HINT)
+        for tag, assets in _object(tags, where, f"checksums.github.{repo}").items():
+            if "-" not in tag:
+                raise ManifestError(f"{where}: tag {tag!r} does not end in -<target>", BAD_MANIFEST_HINT)
+            for name, digest in _object(assets, where, f"checksums.github.{repo}.{tag}").items():
+                field = f"checksums.github.{repo}.{tag}.{name}"
+                if not _string(digest, where, field).startswith("sha256:"):
+                    raise ManifestError(f"{where}: {field} is not sha256:<hex>: {digest[:80]!r}", BAD_MANIFEST_HINT)
+                sha256_hex(digest.removeprefix("sha256:"), f"{where}: {field}")
+    return top
+
+
+def read_backend_versions(path: Path) -> dict[str, Any]:
+    """A backend_versions.json, every field checked (see :func:`check_backend_versions`)."""
+    return check_backend_versions(read_json(path), str(path))
 
 
 def _target_pins(doc: Mapping[str, Any]) -> dict[str, str]:
@@ -119,6 +187,8 @@ def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, 
     target, the family name Lemonade appends), with every part's checksum."""
     if not documents:
         raise ManifestError("nothing to merge")
+    for number, doc in enumerate(documents, start=1):
+        check_backend_versions(doc, f"manifest {number} of {len(documents)}")
     pins: dict[str, str] = {}
     for doc in documents:
         for target, pin in _target_pins(doc).items():
@@ -142,9 +212,10 @@ def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, 
     return merged
 
 
-def pinned_tag(doc: Mapping[str, Any], target: str) -> str:
-    """The tag Lemonade installs for ``target``: its override's, else the default pin, plus ``-<target>``."""
-    vllm = doc["vllm"]
+def pinned_tag(doc: Mapping[str, Any], target: str, where: str = BACKEND_VERSIONS) -> str:
+    """The tag Lemonade installs for ``target``: its override's, else the default pin, plus ``-<target>``.
+    The document is checked first (one line naming ``where`` and the bad field)."""
+    vllm = check_backend_versions(doc, where)["vllm"]
     return f"{vllm.get('rocm_arch_overrides', {}).get(target, vllm['rocm'])}-{target}"
 
 
