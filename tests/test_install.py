@@ -6,13 +6,19 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from filelock import FileLock
 
-from tests.conftest import REPO, assert_one_line_error, run_cli, tree_digest
+from tests.conftest import REPO, TEST_REPO, assert_one_line_error, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 
@@ -176,6 +182,293 @@ def test_an_unwritable_destination_is_one_line(built: Path, tmp_path: Path) -> N
     blocker.write_text("not a directory")
     result = install(built.parent / "bundles" / TAG, blocker / "vllm", tmp_path / "cache")
     assert_one_line_error(result, "cannot install into", "--dest")
+
+
+# -- a hostile release, a killed run, odd destinations (#21) ----------------------------------------------
+
+
+def release_dir(built: Path, where: Path, release: dict[str, Any] | None = None) -> Path:
+    """The fixture release as a directory of links to its assets; ``release`` replaces its release.json."""
+    where.mkdir(parents=True)
+    for asset in (built.parent / "bundles" / TAG).iterdir():
+        (where / asset.name).symlink_to(asset)
+    if release is not None:
+        (where / "release.json").unlink()
+        (where / "release.json").write_text(json.dumps(release))
+    return where
+
+
+def release_doc(built: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((built.parent / "bundles" / TAG / "release.json").read_text())
+    return doc
+
+
+def pins_doc(built: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((built.parent / "bundles" / TAG / "backend_versions.json").read_text())
+    return doc
+
+
+FIRST = "<the first key>"  # in a key path: the dict's first key (the first part of a checksum list)
+CHOSEN = "<an absolute path>"  # as a value: a directory under the test's tmp_path
+
+
+def _put(doc: dict[str, Any], keys: tuple[str | int, ...], value: object) -> None:
+    """``doc`` with the field at ``keys`` (list indices as numbers, ``FIRST`` for a dict's first key) set."""
+    node: Any = doc
+    for key in keys[:-1]:
+        node = node[sorted(node)[0] if key == FIRST else key]
+    node[sorted(node)[0] if keys[-1] == FIRST else keys[-1]] = value
+
+
+@pytest.mark.parametrize(
+    ("keys", "value", "named"),
+    [
+        (("target",), "../../elsewhere", "release.json target"),
+        (("target",), CHOSEN, "release.json target"),
+        (("target",), "gfx9999", "release.json target"),
+        (("target",), ["gfx1151"], "release.json target"),
+        (("tag",), "../../x", "release.json tag"),
+        (("tag",), "a/b", "release.json tag"),
+        (("tag",), "a\x00b", "release.json tag"),
+        (("archive",), [], "release.json archive"),
+        (("archive", "parts", 0), "a part", "release.json archive.parts[0]"),
+        (("archive", "parts", 0, "sha256"), 5, "release.json archive.parts[0].sha256"),
+        (("archive", "parts", 0, "sha256"), "../../x", "release.json archive.parts[0].sha256"),
+        (("archive", "parts", 1, "size"), -1, "release.json archive.parts[1].size"),
+        (("archive", "parts", 1, "size"), "big", "release.json archive.parts[1].size"),
+        (("archive", "parts", 1, "size"), True, "release.json archive.parts[1].size"),
+        (("archive", "sha256"), 5, "release.json archive.sha256"),
+        (("archive", "sha256"), "../../x", "release.json archive.sha256"),
+    ],
+)
+def test_a_bad_release_json_field_is_one_line_naming_it(
+    built: Path, tmp_path: Path, keys: tuple[str | int, ...], value: object, named: str
+) -> None:
+    """Whatever release.json says, nothing lands where its author chose: without --dest the install
+    directory is named after the release's target, which must be one of the target table's names."""
+    doc = release_doc(built)
+    _put(doc, keys, str(tmp_path / "chosen") if value == CHOSEN else value)
+    assets = release_dir(built, tmp_path / "release", doc)
+    data = tmp_path / "data"
+    result = run_cli(
+        *("install", assets, "--cache-dir", tmp_path / "cache", "--plain"), env={"XDG_DATA_HOME": str(data)}
+    )
+    assert_one_line_error(result, f"{assets / 'release.json'} ", named)
+    assert {p.name for p in tmp_path.iterdir()} <= {"cache", "release"}, "nothing installed anywhere"
+
+
+@pytest.mark.parametrize(
+    ("keys", "value", "named"),
+    [
+        (("vllm", "rocm"), "../../x", "vllm.rocm"),
+        (("vllm", "rocm"), "a/b", "vllm.rocm"),
+        (("vllm",), ["x"], "vllm is an array"),
+        (("checksums", "github"), [], "checksums.github is an array"),
+        (("checksums", "github", TEST_REPO), "x", f"checksums.github.{TEST_REPO} is a string"),
+        (("checksums", "github", TEST_REPO, TAG), 5, f"checksums.github.{TEST_REPO}.{TAG} is a number"),
+        (("checksums", "github", TEST_REPO, TAG, FIRST), 5, f"checksums.github.{TEST_REPO}.{TAG}.{STEM}.part01-"),
+        (("checksums", "github", TEST_REPO, TAG, FIRST), "sha256:../../x", f"{TAG}.{STEM}.part01-"),
+    ],
+)
+def test_a_bad_backend_versions_field_is_one_line_naming_it(
+    built: Path, tmp_path: Path, keys: tuple[str | int, ...], value: object, named: str
+) -> None:
+    """Each field used is checked: one line naming the file and the field, never a traceback."""
+    doc = pins_doc(built)
+    _put(doc, keys, value)
+    pins = tmp_path / "backend_versions.json"
+    pins.write_text(json.dumps(doc))
+    assets = built.parent / "bundles" / TAG
+    result = install(pins, tmp_path / "vllm", tmp_path / "cache", "--target", "gfx1151", "--mirror", assets)
+    assert_one_line_error(result, "backend_versions.json", named)
+    assert not (tmp_path / "vllm").exists()
+
+
+def test_a_checksum_naming_a_user_file_touches_nothing_outside_the_cache(built: Path, tmp_path: Path) -> None:
+    """A checksum is a cache path: ``../../victim`` in either manifest would have the cache re-hash the
+    user's file, find it wrong and delete it (or write a download over ``victim.part``)."""
+    cache = tmp_path / "cache"
+    (cache / "blobs" / "sha256").mkdir(parents=True)
+    (cache / "partial").mkdir()
+    victims = {tmp_path / "victim": b"precious", tmp_path / "victim.part": b"precious too"}
+    for path, data in victims.items():
+        path.write_bytes(data)
+
+    pins = pins_doc(built)
+    pins["checksums"]["github"][TEST_REPO][TAG][f"{STEM}.part01-of-05.tar.gz"] = "sha256:../../victim"
+    (tmp_path / "backend_versions.json").write_text(json.dumps(pins))
+    assets = built.parent / "bundles" / TAG
+    from_pins = install(
+        tmp_path / "backend_versions.json", tmp_path / "vllm", cache, "--target", "gfx1151", "--mirror", assets
+    )
+    assert_one_line_error(from_pins, "backend_versions.json", f"checksums.github.{TEST_REPO}.{TAG}.", "sha256")
+
+    doc = release_doc(built)
+    doc["archive"]["parts"][0].update(sha256="../../victim", size=len(b"precious"))
+    from_release = install(release_dir(built, tmp_path / "release", doc), tmp_path / "vllm", cache)
+    assert_one_line_error(from_release, "release.json archive.parts[0].sha256")
+    assert {path: path.read_bytes() for path in victims} == victims, "the user's files are untouched"
+    assert not (tmp_path / "vllm").exists()
+
+
+def test_the_installed_root_is_readable_by_everyone(built: Path, tmp_path: Path) -> None:
+    """Other users run the install: its root has the archive's top directory's mode (0755), not 0700."""
+    dest = tmp_path / "vllm"
+    result = install(built.parent / "bundles" / TAG, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+
+
+def test_an_impossible_destination_fails_at_once(built: Path, tmp_path: Path) -> None:
+    """/proc takes no lock file: one line at once, not a lock retried forever."""
+    result = run_cli(
+        *("install", built.parent / "bundles" / TAG, "--dest", "/proc/x", "--cache-dir", tmp_path / "cache"),
+        timeout=20,
+    )
+    assert_one_line_error(result, "cannot install into /proc/x", "--dest")
+
+
+def _wait_for(path: Path, text: str, process: subprocess.Popen[str], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in path.read_text():
+        assert process.poll() is None, path.read_text()
+        assert time.monotonic() < deadline, f"{text!r} never came: {path.read_text()!r}"
+        time.sleep(0.1)
+
+
+def marked(directory: Path, marker: str = ".vllm-bundle-staging") -> Path:
+    """A directory as an install of ours leaves it: a file in it, and the marker."""
+    (directory / "bin").mkdir(parents=True)
+    (directory / "bin" / "something").write_text("x")
+    (directory / marker).write_text("")
+    return directory
+
+
+def test_a_second_install_waits_for_the_first_and_leaves_its_staging_alone(built: Path, tmp_path: Path) -> None:
+    """Another install holds the destination's lock: this one says it waits, and removes nothing of the
+    other's (its staging directory) until the lock is free; then it takes over what a killed holder left."""
+    dest = tmp_path / "vllm"
+    live = marked(tmp_path / ".vllm.staging-live0001")
+    out = tmp_path / "out.txt"
+    with FileLock(str(tmp_path / ".vllm.vllm-bundle.lock")), out.open("w") as sink:
+        waiting = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "vllm_bundle", "install", str(built.parent / "bundles" / TAG)),
+                *("--dest", str(dest), "--cache-dir", str(tmp_path / "cache"), "--plain"),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            _wait_for(out, "waiting", waiting)
+            time.sleep(1)
+            assert live.exists() and not dest.exists(), "nothing done while the other install runs"
+        except BaseException:
+            waiting.kill()
+            raise
+    assert waiting.wait(timeout=300) == 0, out.read_text()
+    assert "another install into" in out.read_text()
+    assert (dest / "version.txt").read_text() == TAG
+    assert not live.exists(), "the holder is gone: its leftover is removed"
+
+
+def test_an_install_leaves_a_like_named_destinations_staging_alone(built: Path, tmp_path: Path) -> None:
+    """`v[1]` is not a pattern: installing there leaves a live install into `v1` alone (#21.10)."""
+    others = marked(tmp_path / ".v1.staging-live0001")
+    own = marked(tmp_path / ".v[1].staging-dead0001")
+    with FileLock(str(tmp_path / ".v1.vllm-bundle.lock")):  # the install into v1 is running
+        result = install(built.parent / "bundles" / TAG, tmp_path / "v[1]", tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert others.exists(), "another destination's staging"
+    assert not own.exists(), "this destination's leftover, from a killed run"
+
+
+KILLED_AT = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import vllm_bundle.install as install
+
+    def die(*args):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    hook = sys.argv.pop(1)
+    if hook == "before-swap":
+        install.swap_into_place = die
+    elif hook == "after-exchange":
+        exchange = install._rename_exchange
+        install._rename_exchange = lambda first, second: exchange(first, second) and die()
+    elif hook == "between-renames":  # no RENAME_EXCHANGE (NFS): the fallback swap, killed half way
+        install._rename_exchange = lambda first, second: False
+        rename = Path.rename
+        Path.rename = lambda self, target: die() if ".staging-" in self.name else rename(self, target)
+    from vllm_bundle.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+OLDER = "vllm0.32.0-rocm7.13.0-gfx1151"
+
+
+def killed_install(hook: str, source: Path, dest: Path, cache: Path) -> None:
+    """An install of ``source`` SIGKILLed at ``hook``."""
+    command = [sys.executable, "-c", KILLED_AT, hook, "install", str(source), "--dest", str(dest)]
+    result = subprocess.run(
+        [*command, "--cache-dir", str(cache), "--plain"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
+
+
+def ours_beside(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.") and p.is_dir())
+
+
+@pytest.mark.parametrize("hook", ["before-swap", "after-exchange"])
+def test_what_an_install_killed_at_the_swap_leaves_is_removed_by_the_next(
+    built: Path, tmp_path: Path, hook: str
+) -> None:
+    assets, dest, cache = built.parent / "bundles" / TAG, tmp_path / "vllm", tmp_path / "cache"
+    assert install(assets, dest, cache).returncode == 0
+    (dest / "version.txt").write_text(OLDER)  # an older install is in place
+    killed_install(hook, assets, dest, cache)
+    left = [tmp_path / name for name in ours_beside(dest)]
+    assert left, "the killed run left its staging (or the previous install) behind"
+    empty = tmp_path / ".vllm.staging-empty001"  # killed between making the staging and marking it
+    empty.mkdir()
+    previous = marked(tmp_path / ".vllm.previous-older001", ".vllm-bundle-install")
+    not_ours = tmp_path / ".vllm.staging-usermade"
+    not_ours.mkdir()
+    (not_ours / "mine.txt").write_text("no marker: not ours")
+
+    again = install(assets, dest, cache)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (dest / "version.txt").read_text() == TAG
+    assert not any(path.exists() for path in left), "what the killed run left is gone"
+    assert not previous.exists() and not empty.exists()
+    assert ours_beside(dest) == [not_ours.name], "every leftover of ours is gone, the user's folder stays"
+
+
+def test_a_fallback_swap_killed_between_its_renames_is_rolled_back_by_the_next_run(built: Path, tmp_path: Path) -> None:
+    """Without RENAME_EXCHANGE the swap is two renames; killed between them, no install is in place. The
+    next run puts the previous one back first, so a rerun that fails still leaves the old install."""
+    assets, dest, cache = built.parent / "bundles" / TAG, tmp_path / "vllm", tmp_path / "cache"
+    assert install(assets, dest, cache).returncode == 0
+    (dest / "version.txt").write_text(OLDER)
+    before = tree_digest(dest)
+    killed_install("between-renames", assets, dest, cache)
+    assert not dest.exists(), "the kill state: the old install renamed away, the new one not yet in place"
+
+    broken = tmp_path / "broken"  # a release.json and nothing else: the rerun fails once it holds the lock
+    broken.mkdir()
+    (broken / "release.json").symlink_to(assets / "release.json")
+    failed = install(broken, dest, cache)
+    assert_one_line_error(failed, "partcount")
+    assert tree_digest(dest) == before, "the previous install is back"
+    assert ours_beside(dest) == []
+
+    killed_install("between-renames", assets, dest, cache)
+    again = install(assets, dest, cache)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (dest / "version.txt").read_text() == TAG and ours_beside(dest) == []
 
 
 # -- the consumer's command, installed alone --------------------------------------------------------------

@@ -60,6 +60,20 @@ def test_install_refuses_a_folder_that_is_not_an_install(built: Path, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["Documents"], "no staging, no lock file left"
 
 
+def test_install_refuses_a_folder_that_only_looks_like_an_install(built: Path, tmp_path: Path) -> None:
+    """A version.txt and a bin/vllm-server do not make a folder ours: only our marker does (#21.3)."""
+    dest = tmp_path / "vllm"
+    (dest / "bin").mkdir(parents=True)
+    (dest / "bin" / "vllm-server").write_text("#!/bin/sh\n")
+    (dest / "bin" / "vllm-server").chmod(0o755)
+    (dest / "version.txt").write_text("vllm0.32.0-rocm7.13.0-gfx1151")
+    (dest / "notes.txt").write_text("the user's own")
+    before = tree_digest(dest)
+    result = install(built.parent / "bundles" / TAG, dest, tmp_path / "cache")
+    assert_one_line_error(result, str(dest), "not an install", "--dest")
+    assert tree_digest(dest) == before, "nothing touched"
+
+
 def test_install_refuses_a_destination_that_is_a_file_or_a_symlink(built: Path, tmp_path: Path) -> None:
     assets = built.parent / "bundles" / TAG
     a_file = tmp_path / "notes.txt"

@@ -630,6 +630,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     from vllm_bundle.fetch import Fetcher
     from vllm_bundle.install import InstallError, install_release, release_from_assets, release_from_pins
+    from vllm_bundle.recipes import load_targets
 
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)
@@ -639,7 +640,7 @@ def cmd_install(args: argparse.Namespace) -> int:
             raise RecipeError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
         release = release_from_pins(Path(source), target, args.mirror)
     else:
-        release = release_from_assets(source, policy)
+        release = release_from_assets(source, policy, targets=load_targets(args.recipes))
         if target is not None and release.target != target:
             raise InstallError(f"{source} is the {release.target} release, not {target}", "pick that target's release")
     dest = args.dest or user_data_path("vllm-bundle") / release.target

@@ -31,6 +31,11 @@ REPO_ENV = "GITHUB_REPOSITORY"
 GITHUB_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}")
 
 
+def is_github_repo(repo: str) -> bool:
+    """``owner/name`` in GitHub's characters (it goes into download URLs); ``.`` and ``..`` are no names."""
+    return bool(GITHUB_REPO.fullmatch(repo)) and repo.split("/")[1] not in (".", "..")
+
+
 class ManifestError(BundleError):
     """A manifest is malformed or manifests disagree."""
 
@@ -86,7 +91,7 @@ def check_repo(repo: str) -> None:
     hint = f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)"
     if not repo:
         raise ManifestError("no GitHub repository for backend_versions.json checksums", hint)
-    if not GITHUB_REPO.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
+    if not is_github_repo(repo):
         raise ManifestError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
 
 
@@ -145,7 +150,7 @@ def check_backend_versions(doc: object, where: str) -> dict[str, Any]:
         _string(pin, where, f"vllm.rocm_arch_overrides.{target}")
     github = _object(_object(top["checksums"], where, "checksums").get("github"), where, "checksums.github")
     for repo, tags in github.items():
-        if not GITHUB_REPO.fullmatch(repo):
+        if not is_github_repo(repo):
             raise ManifestError(f"{where}: checksums.github names {repo!r}, not <owner>/<name>", BAD_MANIFEST_HINT)
         for tag, assets in _object(tags, where, f"checksums.github.{repo}").items():
             if "-" not in tag:
