@@ -149,11 +149,12 @@ def lock_against(server: UpstreamServer, recipes: Path, target: str, cache: Path
 
 
 @contextmanager
-def small_disk(mount_point: Path, size: str) -> Iterator[Path]:
-    """A real, tiny file system (tmpfs; needs root, as CI has) to fill up."""
+def small_disk(mount_point: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
+    """A real, tiny file system (tmpfs; needs root, as CI has) to fill up, or mounted read-only."""
     mount_point.mkdir(parents=True, exist_ok=True)
+    options = f"ro,size={size}" if read_only else f"size={size}"
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
         capture_output=True,
         text=True,
         check=False,

@@ -10,8 +10,7 @@ import json
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import tomli_w
 import yaml
 from packaging.specifiers import SpecifierSet
 
-from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli
+from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli, small_disk
 from tests.test_image import check_against_model
 from vllm_bundle.archive import ArchiveError, write_archive
 from vllm_bundle.errors import BundleError
@@ -223,24 +222,6 @@ def test_an_unknown_option_or_a_missing_argument_is_one_line_too(tmp_path: Path)
     assert_usage_error(run_cli("merge-manifests", tmp_path / "a.json"), "-o/--output")
 
 
-@contextmanager
-def read_only_dir(mount_point: Path) -> Iterator[Path]:
-    """A real read-only file system (tmpfs mounted ro; needs root, as CI has)."""
-    mount_point.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"this test mounts a tmpfs and needs root: {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
 def test_a_cache_dir_that_cannot_be_used_is_one_line(locked: Path, tmp_path: Path) -> None:
     file = tmp_path / "file"
     file.write_text("")
@@ -249,7 +230,7 @@ def test_a_cache_dir_that_cannot_be_used_is_one_line(locked: Path, tmp_path: Pat
     assert_one_line_error(run_cli(*fetch, file / "sub"), f"--cache-dir {file / 'sub'}", f"{file} is a file")
     env = {"VLLM_BUNDLE_CACHE_DIR": str(file)}
     assert_one_line_error(run_cli(*fetch[:-1], env=env), f"VLLM_BUNDLE_CACHE_DIR {file} is not a directory")
-    with read_only_dir(tmp_path / "ro") as ro:
+    with small_disk(tmp_path / "ro", "1m", read_only=True) as ro:
         assert_one_line_error(run_cli(*fetch, ro), f"--cache-dir {ro} is not writable", "read-only file system")
         assert_one_line_error(run_cli(*fetch, ro / "cache"), f"--cache-dir {ro / 'cache'} cannot be made")
         install = run_cli("install", "http://127.0.0.1:9/r/", "--dest", tmp_path / "d", "--cache-dir", ro / "c")
@@ -269,7 +250,7 @@ def test_a_build_dir_that_cannot_be_used_is_one_line(locked: Path, tmp_path: Pat
             *("--build-dir", file),
         )
         assert_one_line_error(result, f"--build-dir {file} is not a directory")
-    with read_only_dir(tmp_path / "ro") as ro:
+    with small_disk(tmp_path / "ro", "1m", read_only=True) as ro:
         result = run_cli(
             *("bundle", "gfx1151", "--recipes", locked, "--offline", "--cache-dir", tmp_path / "cache"),
             *("--build-dir", ro / "build", "--repo", TEST_REPO, "--bundles-dir", tmp_path / "bundles"),
