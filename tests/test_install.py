@@ -24,6 +24,8 @@ from tests.upstream.server import Fault, UpstreamServer
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
+#: The machine `install` checks (its doctor's checks) is a Strix Halo that can run the gfx1151 bundle.
+HOST = ("--host-root", str(REPO / "tests" / "data" / "hosts" / "strix-halo"))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def served(built: Path, _server: UpstreamServer) -> str:
 
 
 def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]
-    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *extra, timeout=300)
+    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *HOST, *extra, timeout=300)
 
 
 def part_paths(upstream: UpstreamServer) -> list[str]:
@@ -121,6 +123,7 @@ def _install_auto(served: str, tmp_path: Path, detected: dict[str, str]):  # typ
     """``--target auto`` with rocm-bootstrap's own overrides standing in for the machine's GPUs."""
     return run_cli(
         *("install", served, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--target", "auto"),
+        *HOST,
         env=detected,
     )
 
@@ -323,6 +326,7 @@ def test_an_impossible_destination_fails_at_once(built: Path, tmp_path: Path) ->
     """/proc takes no lock file: one line at once, not a lock retried forever."""
     result = run_cli(
         *("install", built.parent / "bundles" / TAG, "--dest", "/proc/x", "--cache-dir", tmp_path / "cache"),
+        *HOST,
         timeout=20,
     )
     assert_one_line_error(result, "cannot install into /proc/x", "--dest")
@@ -354,7 +358,7 @@ def test_a_second_install_waits_for_the_first_and_leaves_its_staging_alone(built
         waiting = subprocess.Popen(
             [
                 *(sys.executable, "-m", "vllm_bundle", "install", str(built.parent / "bundles" / TAG)),
-                *("--dest", str(dest), "--cache-dir", str(tmp_path / "cache"), "--plain"),
+                *("--dest", str(dest), "--cache-dir", str(tmp_path / "cache"), "--plain", *HOST),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
@@ -413,7 +417,11 @@ def killed_install(hook: str, source: Path, dest: Path, cache: Path) -> None:
     """An install of ``source`` SIGKILLed at ``hook``."""
     command = [sys.executable, "-c", KILLED_AT, hook, "install", str(source), "--dest", str(dest)]
     result = subprocess.run(
-        [*command, "--cache-dir", str(cache), "--plain"], capture_output=True, text=True, timeout=300, check=False
+        [*command, "--cache-dir", str(cache), "--plain", *HOST],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert result.returncode == -signal.SIGKILL, result.stdout + result.stderr
 
@@ -535,7 +543,7 @@ def test_install_runs_from_any_directory_with_the_package_alone(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), **NO_GPU}
-    command = [str(consumer / "bin" / "vllm-bundle"), "install", served, "--cache-dir", str(tmp_path / "cache")]
+    command = [str(consumer / "bin" / "vllm-bundle"), "install", served, "--cache-dir", str(tmp_path / "cache"), *HOST]
 
     def install_from_elsewhere(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*command, *extra], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)

@@ -42,7 +42,10 @@ STEM = f"{TAG}-x64"
 
 
 def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]
-    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *extra, timeout=300)
+    host = REPO / "tests" / "data" / "hosts" / "strix-halo"  # a machine that can run the gfx1151 bundle
+    return run_cli(
+        "install", source, "--dest", dest, "--cache-dir", cache, "--plain", "--host-root", host, *extra, timeout=300
+    )
 
 
 # -- 1. install replaces only a directory it created -----------------------------------------------------

@@ -12,7 +12,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -553,10 +553,10 @@ def _print_report(report: Report, path: Path) -> None:
 
 def cmd_qualify(args: argparse.Namespace) -> int:
     from vllm_bundle.fsutil import atomic_write
+    from vllm_bundle.launcher import detect_target
     from vllm_bundle.qualify import (
         bundle_root,
         detect_minor,
-        detect_target,
         failure_message,
         load_rules,
         qualify_tree,
@@ -584,7 +584,8 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 def cmd_qualify_gpu(args: argparse.Namespace) -> int:
     from vllm_bundle.fsutil import atomic_write
     from vllm_bundle.gpu_qualify import ServeOptions, merge_into_release, qualify_gpu
-    from vllm_bundle.qualify import bundle_root, detect_minor, detect_target, failure_message
+    from vllm_bundle.launcher import detect_target
+    from vllm_bundle.qualify import bundle_root, detect_minor, failure_message
 
     recipes = _recipes(args)
     options = ServeOptions(
@@ -625,6 +626,64 @@ def _install_target(args: argparse.Namespace) -> str | None:
     return name
 
 
+def _host_root(args: argparse.Namespace) -> Path:
+    """``--host-root``, else ``$VLLM_BUNDLE_HOST_ROOT``, else ``/``: where ``sys``, ``proc`` and ``dev`` are read."""
+    from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, host_root
+
+    root: Path = args.host_root or host_root()
+    if not root.is_dir():
+        shown = f"--host-root {root}" if args.host_root else f"${HOST_ROOT_VARIABLE} {root}"
+        raise BundleError(f"{shown} is not a directory", "name the root of a host tree (with sys/, proc/ and dev/)")
+    return root
+
+
+def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> Target | None:
+    """The bundle to check for: ``--target NAME``, the target of ``--bundle DIR``, or (``auto`` or
+    neither) None: whichever target serves the GPU."""
+    name: str | None = args.target
+    if args.bundle is not None:
+        from vllm_bundle.launcher import detect_target
+
+        name = detect_target(args.bundle)
+        if name is None:
+            raise RecipeError(f"cannot tell the target of {args.bundle} (no bin/vllm-server of ours)", "pass --target")
+    if name is None or name == "auto":
+        return None
+    if name not in targets:
+        raise RecipeError(f"unknown target {name!r}; valid targets: {', '.join(targets)}, auto")
+    return targets[name]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from vllm_bundle.doctor import blockers, diagnose, render_json, render_text
+    from vllm_bundle.recipes import load_targets
+
+    targets = load_targets(args.recipes)
+    target = _doctor_target(args, targets)
+    findings = diagnose(_host_root(args), targets, target, args.gpu_memory_utilization, os.environ)
+    print(render_json(findings) if args.json else render_text(findings))
+    return 1 if blockers(findings) else 0
+
+
+def _check_host(args: argparse.Namespace, target: str) -> None:
+    """``doctor``'s checks for the bundle about to be installed: its findings printed, and a blocker
+    refuses the install before anything is downloaded (unless ``--force``)."""
+    from vllm_bundle.doctor import NotReadyError, blockers, diagnose, for_install, render_text
+    from vllm_bundle.recipes import load_targets
+
+    targets = load_targets(args.recipes)
+    findings = for_install(diagnose(_host_root(args), targets, targets.get(target), None, os.environ))
+    print(render_text(findings), flush=True)
+    blocking = blockers(findings)
+    if blocking and not args.force:
+        raise NotReadyError(
+            f"this machine cannot run the {target} bundle: {blocking[0].message}",
+            "fix what `vllm-bundle doctor` lists, or pass --force to install anyway",
+        )
+    if blocking:
+        print(f"installing anyway (--force): {len(blocking)} blocker{'' if len(blocking) == 1 else 's'}", flush=True)
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     from platformdirs import user_data_path
 
@@ -643,6 +702,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         release = release_from_assets(source, policy, targets=load_targets(args.recipes))
         if target is not None and release.target != target:
             raise InstallError(f"{source} is the {release.target} release, not {target}", "pick that target's release")
+    _check_host(args, release.target)
     dest = args.dest or user_data_path("vllm-bundle") / release.target
     fetcher = Fetcher(
         Cache(args.cache_dir or default_cache_dir()),
@@ -694,6 +754,18 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
     if not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    """An argparse ``type``: a fraction above 0 and at most 1 (vLLM's bounds for --gpu-memory-utilization)."""
+    wanted = "a number above 0 and at most 1"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+    if not math.isfinite(value) or not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
     return value
 
@@ -873,6 +945,15 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
     _common(parser)
 
 
+def _host_root_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host-root",
+        type=Path,
+        metavar="DIR",
+        help="read sys/, proc/ and dev/ under DIR instead of / (a captured host tree; $VLLM_BUNDLE_HOST_ROOT)",
+    )
+
+
 def _registry_mirror_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry-mirror", metavar="HOST[:PORT]|URL", help="a registry serving the image base's repository"
@@ -969,8 +1050,27 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--target", help="the target to install (required with backend_versions.json), or auto")
     install.add_argument("--dest", type=Path, help="install directory (default: the user data dir/<target>)")
     install.add_argument("--mirror", help="with backend_versions.json: an URL or directory serving the assets")
+    install.add_argument(
+        "--force", action="store_true", help="install even when `vllm-bundle doctor` finds a blocker on this machine"
+    )
+    _host_root_option(install)
     _common(install)
     install.set_defaults(func=cmd_install)
+
+    doctor = verbs.add_parser("doctor", help="can this machine run a bundle? (GPU, kernel, driver, access, memory)")
+    chosen = doctor.add_mutually_exclusive_group()
+    chosen.add_argument("--target", help="the bundle's target, or auto (default: the one serving the GPU)")
+    chosen.add_argument("--bundle", type=Path, metavar="DIR", help="an installed bundle: check for its target")
+    doctor.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        metavar="FLOAT",
+        help="the value you will pass vllm-server (default: check the one the launcher chooses)",
+    )
+    doctor.add_argument("--json", action="store_true", help='print {"ready": ..., "findings": [...]} as JSON')
+    _host_root_option(doctor)
+    _recipes_option(doctor)
+    doctor.set_defaults(func=cmd_doctor)
 
     merge = verbs.add_parser("merge-manifests", help="merge several targets' backend_versions.json for one release")
     merge.add_argument("files", nargs="+", type=Path)

@@ -1,0 +1,378 @@
+"""Can this machine run a bundle? ``vllm-bundle doctor`` answers, and ``install`` asks before it downloads.
+
+Each check is one :class:`Finding`: ``ok``, ``warn`` (vLLM may still run) or ``block`` (it will not, or
+will crash), with the fix. Everything is read under a root directory (``/``, or a captured host tree):
+the GPU through the runtime's own reader (:mod:`vllm_bundle.runtime.amdgpu`, what ``bin/vllm-server``
+reads at start), the kernel's release from ``proc/sys/kernel/osrelease``, the driver from ``sys/module``
+and the device nodes under ``dev``. A file that is missing or garbled becomes a finding, never a
+traceback.
+
+What is checked, and where the rule comes from:
+
+- ``gpu``: vLLM uses HIP device 0 (after ``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``), and the bundle
+  carries code objects for its target's ISAs only (``recipes/targets.toml``). The ISA is AMD's
+  rocm-bootstrap's reading of the node's ``gfx_target_version`` (``parse_gfx_target_version``).
+- ``cwsr``: on gfx1151 (Strix Halo) ROCm needs a kernel that exports the KFD node properties
+  ``cwsr_size`` and ``ctl_stack_size`` (kernel 6.18.4+, or a backport: mainline 8fc2796dea6f,
+  "drm/amdkfd: Export the cwsr_size and ctl_stack_size to userspace", printed by ``node_show()`` in
+  drivers/gpu/drm/amd/amdkfd/kfd_topology.c right after ``num_cp_queues`` for every node, CPU nodes
+  included, so only the GPU node tells). Lemonade gates gfx1151 (``gfx_target_version 110501``) alone
+  on it (lemonade-sdk/lemonade:src/cpp/server/system_info.cpp ``needs_gfx1151_cwsr_fix``); the fix is
+  lemonade-sdk/lemonade:docs/gfx1151_linux.html's.
+- ``driver``: amdgpu must be the kernel's own, not AMD's out-of-tree ``amdgpu-dkms``, which "conflicts
+  with the in-tree amdgpu driver" on Ryzen AI / Strix Halo (lemonade-sdk/lemonade:docs/gfx1151_linux.html;
+  a blocker on an APU, a warning on a discrete GPU). DKMS shows as ``sys/module/amdgpu/version`` (only
+  ROCm/amdgpu:drivers/gpu/drm/amd/amdgpu/amdgpu_drv.c sets ``MODULE_VERSION``; the kernel makes the file
+  only for a module that has one, kernel/module/main.c), an ``O`` (out-of-tree) in
+  ``sys/module/amdgpu/taint``, or its companion module ``amdkcl`` loaded
+  (ROCm/amdgpu:drivers/gpu/drm/amd/dkms/dkms.conf).
+- ``access``: ``dev/kfd`` and the GPU's ``dev/dri/renderD<drm_render_minor>`` must open read-write.
+  They are really opened: a desktop session grants them by ACL (systemd's ``uaccess``), which mode
+  bits do not show. The fix is the groups that own them, or in a container the devices passed in
+  (lemonade-sdk/lemonade:docs/guide/install/docker.md).
+- ``memory``: vLLM refuses to start when the free memory is below ``gpu_memory_utilization`` x total
+  (``request_memory`` in vllm/v1/worker/utils.py); without a value of the caller's, the launcher picks
+  one that fits (:func:`vllm_bundle.runtime.gpu_memory.choose`).
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import json
+import math
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from rocm_bootstrap import parse_gfx_target_version
+
+from vllm_bundle.errors import BundleError
+from vllm_bundle.recipes import Target
+from vllm_bundle.runtime import amdgpu, gpu_memory
+
+Status = Literal["ok", "warn", "block"]
+
+#: gfx1151's ``gfx_target_version`` (GC 11.5.1), the only GPU the CWSR export is required for.
+GFX1151 = 110501
+CWSR_PROPERTIES = ("cwsr_size", "ctl_stack_size")
+CWSR_FIX = (
+    "upgrade the kernel to 6.18.4 or later and reboot; on Ubuntu 24.04: sudo apt install linux-oem-24.04; "
+    "see https://lemonade-server.ai/gfx1151_linux.html"
+)
+DKMS_FIX = (
+    "sudo apt remove --purge amdgpu-dkms && sudo reboot, "
+    "or reinstall ROCm without it: sudo amdgpu-install -y --usecase=rocm --no-dkms"
+)
+CONTAINER_DEVICES = "--device /dev/kfd --device /dev/dri --group-add video --group-add render"
+GROUPS_FIX = f"sudo usermod -aG render,video $USER, then log out and in (in a container: {CONTAINER_DEVICES})"
+OSRELEASE = Path("proc/sys/kernel/osrelease")
+MODULES = Path("sys/module")
+VISIBILITY_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: Status
+    message: str
+    fix: str = ""
+
+
+class NotReadyError(BundleError):
+    """``install`` refused: the machine cannot run the bundle it would install."""
+
+
+def diagnose(
+    root: Path,
+    targets: Mapping[str, Target],
+    target: Target | None,
+    utilization: float | None,
+    environ: Mapping[str, str],
+) -> list[Finding]:
+    """Every check for HIP device 0 under ``root``. ``target``: the bundle to run (None: whichever
+    serves the GPU); ``utilization``: the caller's ``--gpu-memory-utilization`` (None: the launcher's)."""
+    try:
+        gpus = amdgpu.gpu_nodes(root)
+    except ValueError as err:  # a properties file that is not text (gpu_nodes catches OSError only)
+        return [Finding("gpu", "block", f"cannot read the KFD topology under {root / amdgpu.KFD_NODES}: {err}")]
+    if not gpus:
+        return [_no_gpu(root, targets)]
+    index = amdgpu.visible_index(environ)
+    if index is not None and index >= len(gpus):
+        return [_not_visible(index, len(gpus), environ)]
+    gpu = gpus[index or 0]
+    apu = _is_apu(root, gpu)
+    return [
+        _gpu_check(gpus, index, apu, targets, target, environ),
+        _cwsr_check(root, gpu),
+        _driver_check(root, apu),
+        _access_check(root, gpu),
+        _memory_check(root, gpu, utilization),
+    ]
+
+
+def for_install(findings: list[Finding]) -> list[Finding]:
+    """What ``install`` refuses on: everything but memory, which frees up when other programs exit (and
+    the launcher chooses its budget at each start): short memory at install time is only a warning."""
+    return [replace(f, status="warn") if f.check == "memory" and f.status == "block" else f for f in findings]
+
+
+def blockers(findings: list[Finding]) -> list[Finding]:
+    return [finding for finding in findings if finding.status == "block"]
+
+
+def render_text(findings: list[Finding]) -> str:
+    """One line per finding (``status check message (fix: ...)``), then a summary line."""
+    lines = [f"{f.status:<5} {f.check:<7} {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in findings]
+    blocking = len(blockers(findings))
+    warnings = sum(finding.status == "warn" for finding in findings)
+    if blocking:
+        lines.append(f"not ready: {_count(blocking, 'blocker')}")
+    else:
+        lines.append("ready" + (f", with {_count(warnings, 'warning')}" if warnings else ""))
+    return "\n".join(lines)
+
+
+def render_json(findings: list[Finding]) -> str:
+    doc = {"ready": not blockers(findings), "findings": [asdict(finding) for finding in findings]}
+    return json.dumps(doc, indent=2)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+# -- which GPU, and is it one the bundle serves ----------------------------------------------------------
+
+
+def _no_gpu(root: Path, targets: Mapping[str, Target]) -> Finding:
+    kfd = root / amdgpu.KFD_NODES
+    where = f"no GPU node in {kfd}" if amdgpu.kfd_present(root) else f"{root / 'sys/class/kfd'} does not exist"
+    isas = ", ".join(isa for target in targets.values() for isa in target.isas)
+    return Finding(
+        "gpu",
+        "block",
+        f"no AMD GPU: {where} (the amdgpu driver is not loaded, or there is no AMD GPU)",
+        f"run on a machine with an AMD GPU that a bundle serves ({isas}), its amdgpu driver loaded",
+    )
+
+
+def _visibility(environ: Mapping[str, str]) -> str:
+    """The device-selection variables that are set, as ``NAME=value`` (what the user would see)."""
+    return ", ".join(f"{name}={environ[name]}" for name in VISIBILITY_VARIABLES if environ.get(name) is not None)
+
+
+def _not_visible(index: int, count: int, environ: Mapping[str, str]) -> Finding:
+    return Finding(
+        "gpu",
+        "block",
+        f"{_visibility(environ)} makes GPU {index} HIP's device 0, but this machine has {_count(count, 'GPU')}",
+        f"unset those variables, or name a GPU from 0 to {count - 1}",
+    )
+
+
+def _isa(gpu: amdgpu.GpuNode) -> str | None:
+    try:
+        return str(parse_gfx_target_version(gpu.gfx_target_version).name)
+    except ValueError:  # rocm-bootstrap does not know this GPU
+        return None
+
+
+def _is_apu(root: Path, gpu: amdgpu.GpuNode) -> bool | None:
+    try:
+        return amdgpu.is_apu(root, gpu)
+    except (amdgpu.Unreadable, OSError):  # OSError: a render minor too long for a file name
+        return None
+
+
+def _serving(targets: Mapping[str, Target], isa: str) -> str | None:
+    return next((name for name, target in targets.items() if isa in target.isas), None)
+
+
+def _describe_gpu(gpu: amdgpu.GpuNode, isa: str | None, apu: bool | None, environ: Mapping[str, str]) -> str:
+    kind = {True: "APU", False: "discrete GPU", None: "GPU"}[apu]
+    what = f"a {isa} {kind}" if isa else f"an unknown {kind} (gfx_target_version {gpu.gfx_target_version})"
+    chosen = f" ({_visibility(environ)})" if _visibility(environ) else ""
+    return f"HIP device 0{chosen} is KFD node {gpu.node}, {what}"
+
+
+def _gpu_check(
+    gpus: list[amdgpu.GpuNode],
+    index: int | None,
+    apu: bool | None,
+    targets: Mapping[str, Target],
+    target: Target | None,
+    environ: Mapping[str, str],
+) -> Finding:
+    gpu = gpus[index or 0]
+    isa = _isa(gpu)
+    described = _describe_gpu(gpu, isa, apu, environ)
+    if index is None:
+        return Finding(
+            "gpu",
+            "warn",
+            f"cannot tell which GPU HIP makes device 0 ({_visibility(environ)}); checked the first, KFD node "
+            f"{gpu.node} ({isa or 'unknown'})",
+            "name GPUs by index in ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES for this check",
+        )
+    if target is not None:
+        served = target.name if isa in target.isas else None
+    else:
+        served = _serving(targets, isa) if isa else None
+    if served is not None:
+        return Finding("gpu", "ok", f"{described}: the {served} bundle serves it")
+    wanted = f"the {target.name} bundle serves {', '.join(target.isas)}" if target else "no bundle serves it"
+    return Finding("gpu", "block", f"{described}: {wanted}", _gpu_fix(gpus, isa, targets, target, environ))
+
+
+def _gpu_fix(
+    gpus: list[amdgpu.GpuNode],
+    isa: str | None,
+    targets: Mapping[str, Target],
+    target: Target | None,
+    environ: Mapping[str, str],
+) -> str:
+    """Another GPU of this machine the bundle serves (made device 0), else the bundle that serves this one."""
+    wanted = set(target.isas) if target else {isa for t in targets.values() for isa in t.isas}
+    for position, other in enumerate(gpus):
+        other_isa = _isa(other)
+        if other_isa in wanted and environ.get("ROCR_VISIBLE_DEVICES") is None:
+            return f"make KFD node {other.node}'s {other_isa} HIP's device 0: HIP_VISIBLE_DEVICES={position}"
+    other_target = _serving(targets, isa) if isa else None
+    if other_target is not None:
+        return f"install the {other_target} bundle"
+    return f"use a GPU a bundle serves ({', '.join(sorted(wanted))})"
+
+
+# -- the kernel, the driver, the device nodes --------------------------------------------------------
+
+
+def _read(path: Path) -> str | None:
+    """A small text file, stripped; None when it cannot be read."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _kernel(root: Path) -> str:
+    release = _read(root / OSRELEASE)
+    return f"kernel {release}" if release else "the kernel (release unreadable)"
+
+
+def _cwsr_check(root: Path, gpu: amdgpu.GpuNode) -> Finding:
+    kernel = _kernel(root)
+    if gpu.gfx_target_version != GFX1151:
+        return Finding("cwsr", "ok", f"not needed: only gfx1151 needs the CWSR export ({kernel})")
+    missing = [name for name in CWSR_PROPERTIES if name not in gpu.properties]
+    if not missing:
+        return Finding("cwsr", "ok", f"{kernel} exports cwsr_size and ctl_stack_size for the gfx1151")
+    return Finding(
+        "cwsr",
+        "block",
+        f"{kernel} does not export {' and '.join(missing)} for the gfx1151 (KFD node {gpu.node}): without them "
+        "ROCm gets its VGPR count wrong and crashes",
+        CWSR_FIX,
+    )
+
+
+def _dkms_signs(root: Path) -> list[str]:
+    module = root / MODULES / "amdgpu"
+    signs = []
+    version = _read(module / "version")
+    if version is not None:
+        signs.append(f"module version {version}" if version else "a module version")
+    taint = _read(module / "taint")
+    if taint and "O" in taint:
+        signs.append(f"taint {taint}")
+    if (root / MODULES / "amdkcl").exists():
+        signs.append("amdkcl loaded")
+    return signs
+
+
+def _driver_check(root: Path, apu: bool | None) -> Finding:
+    signs = _dkms_signs(root)
+    if not signs:
+        return Finding("driver", "ok", "amdgpu is the kernel's own driver (no module version, taint O or amdkcl)")
+    message = f"amdgpu is AMD's out-of-tree amdgpu-dkms ({', '.join(signs)}), not the kernel's own driver"
+    if apu is False:
+        return Finding("driver", "warn", f"{message}: it conflicts with the kernel's on APUs", DKMS_FIX)
+    return Finding("driver", "block", f"{message}: on a Ryzen AI / Strix Halo APU it conflicts with it", DKMS_FIX)
+
+
+def _access_check(root: Path, gpu: amdgpu.GpuNode) -> Finding:
+    render = gpu.render_node()
+    if render is None:
+        return Finding("access", "block", f"KFD node {gpu.node} names no render node (drm_render_minor)")
+    problems = [problem for path in (root / "dev/kfd", root / render) if (problem := _open_problem(path))]
+    if not problems:
+        return Finding("access", "ok", f"{root / 'dev/kfd'} and {root / render} open read-write")
+    missing = all("does not exist" in problem for problem in problems)
+    fix = f"in a container, pass {CONTAINER_DEVICES}" if missing else GROUPS_FIX
+    return Finding("access", "block", "; ".join(problems), fix)
+
+
+def _open_problem(path: Path) -> str | None:
+    """Why ``path`` does not open read-write for this user (None: it does). Opened for real: an ACL or
+    a capability grants what the mode bits alone do not show."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY))
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as err:
+        if err.errno in (errno.EACCES, errno.EPERM):
+            return f"cannot open {path} read-write: {err.strerror} ({_ownership(path)})"
+        return f"cannot open {path} read-write: {err.strerror}"
+    return None
+
+
+def _ownership(path: Path) -> str:
+    try:
+        info = path.stat()
+    except OSError:
+        return "owner unknown"
+    try:
+        group = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        group = str(info.st_gid)
+    return f"group {group}, mode {stat.filemode(info.st_mode)}"
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+
+
+def _memory_check(root: Path, gpu: amdgpu.GpuNode, utilization: float | None) -> Finding:
+    try:
+        pool = amdgpu.memory_pool(root, gpu)
+    except (amdgpu.Unreadable, OSError) as err:
+        return Finding("memory", "warn", f"cannot read HIP device 0's memory ({err}); vLLM checks it at start")
+    if pool.total <= 0:
+        return Finding("memory", "warn", "HIP device 0 reports no memory; vLLM checks it at start")
+    has = f"HIP device 0 has {gpu_memory.describe(pool)}"
+    if utilization is None:
+        chosen = gpu_memory.choose(pool)
+        if chosen is None:
+            return Finding("memory", "block", f"{has}: too little for vLLM to start", "close what holds GPU memory")
+        return Finding("memory", "ok", f"{has}; vllm-server will pass --gpu-memory-utilization {chosen:.2f}")
+    needed = math.ceil(pool.total * utilization)
+    asked = f"--gpu-memory-utilization {utilization:g} needs {needed / GIB:.1f} GiB free at start"
+    if pool.free >= needed:
+        return Finding("memory", "ok", f"{has}; {asked}")
+    largest = _largest_fitting(pool)
+    fix = "close what holds GPU memory"
+    if largest is not None:
+        fix = f"pass --gpu-memory-utilization {largest:.2f} or less, or {fix}"
+    return Finding("memory", "block", f"{has}, but {asked} (vLLM refuses to start)", fix)
+
+
+def _largest_fitting(pool: amdgpu.MemoryPool) -> float | None:
+    """The largest utilization in hundredths that vLLM's rule (free >= ceil(total x u)) accepts."""
+    hundredths = pool.free * 100 // pool.total
+    while hundredths > 0 and math.ceil(pool.total * (hundredths / 100)) > pool.free:
+        hundredths -= 1  # float rounding at the edge
+    return hundredths / 100 if hundredths > 0 else None

@@ -1,0 +1,413 @@
+"""``vllm-bundle doctor``, and the same checks run by ``install``, on the fixture hosts of tests/data/hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, assert_one_line_error, run_cli
+from vllm_bundle.doctor import Finding, diagnose, render_json, render_text
+from vllm_bundle.paths import default_recipes
+from vllm_bundle.recipes import load_targets
+
+HOSTS = REPO / "tests" / "data" / "hosts"
+TARGETS = load_targets(default_recipes())
+#: What decides HIP's device 0 and where the host is read: the tests set them themselves.
+HOST_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "VLLM_BUNDLE_HOST_ROOT")
+
+
+@pytest.fixture(autouse=True)
+def _plain_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in HOST_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def doctor(host: str | Path | None, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    where = () if host is None else ("--host-root", HOSTS / host if isinstance(host, str) else host)
+    return run_cli("doctor", *where, *extra, env=env)
+
+
+def findings(result: subprocess.CompletedProcess[str]) -> dict[str, tuple[str, str]]:
+    """``check -> (status, line)`` of the text output (every line but the summary)."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stdout.strip().splitlines()
+    parsed = {}
+    for line in lines[:-1]:
+        status, check = line.split()[:2]
+        assert status in ("ok", "warn", "block"), line
+        assert check not in parsed, f"{check} twice: {result.stdout}"
+        parsed[check] = (status, line)
+    return parsed
+
+
+def statuses(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    return {check: status for check, (status, _) in findings(result).items()}
+
+
+ALL_OK = {"gpu": "ok", "cwsr": "ok", "driver": "ok", "access": "ok", "memory": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("host", "expected", "code", "fragments"),
+    [
+        (
+            "strix-halo",
+            ALL_OK,
+            0,
+            [
+                "ok    gpu     HIP device 0 is KFD node 1, a gfx1151 APU: the gfx1151 bundle serves it",
+                "ok    cwsr    kernel 6.18.4-061804-generic exports cwsr_size and ctl_stack_size for the gfx1151",
+                "ok    driver  amdgpu is the kernel's own driver",
+                "76.5 of 96.0 GiB free (GTT: an APU's shared system memory); vllm-server will pass "
+                "--gpu-memory-utilization 0.74",
+            ],
+        ),
+        (
+            "strix-halo-old-kernel",
+            {**ALL_OK, "cwsr": "block"},
+            1,
+            [
+                "block cwsr    kernel 6.17.0-8-generic does not export cwsr_size and ctl_stack_size for the gfx1151 "
+                "(KFD node 1)",
+                "(fix: upgrade the kernel to 6.18.4 or later and reboot; on Ubuntu 24.04: sudo apt install "
+                "linux-oem-24.04; see https://lemonade-server.ai/gfx1151_linux.html)",
+            ],
+        ),
+        (
+            "strix-halo-dkms",
+            {**ALL_OK, "driver": "block"},
+            1,
+            [
+                "block driver  amdgpu is AMD's out-of-tree amdgpu-dkms (module version 6.16.6, taint O, amdkcl "
+                "loaded), not the kernel's own driver: on a Ryzen AI / Strix Halo APU it conflicts with it",
+                "(fix: sudo apt remove --purge amdgpu-dkms && sudo reboot, or reinstall ROCm without it: "
+                "sudo amdgpu-install -y --usecase=rocm --no-dkms)",
+            ],
+        ),
+        (
+            "desktop-dgpu-igpu",
+            ALL_OK,
+            0,
+            [
+                "ok    gpu     HIP device 0 is KFD node 1, a gfx1100 discrete GPU: the gfx110X bundle serves it",
+                "ok    cwsr    not needed: only gfx1151 needs the CWSR export (kernel 6.14.0-37-generic)",
+                "dev/dri/renderD128 open read-write",
+                "ok    memory  HIP device 0 has 22.8 of 24.0 GiB free; vllm-server will pass --gpu-memory-utilization",
+            ],
+        ),
+    ],
+)
+def test_each_fixture_host_gets_its_findings(
+    host: str, expected: dict[str, str], code: int, fragments: list[str]
+) -> None:
+    result = doctor(host)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert statuses(result) == expected, result.stdout
+    for fragment in fragments:
+        assert fragment in result.stdout, f"{fragment!r} not in:\n{result.stdout}"
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary == ("ready" if code == 0 else "not ready: 1 blocker")
+
+
+def test_a_host_without_a_gpu_node_is_one_finding() -> None:
+    result = doctor("no-gpu")
+    assert result.returncode == 1
+    assert list(findings(result)) == ["gpu"]
+    line = findings(result)["gpu"][1]
+    assert line.startswith(f"block gpu     no AMD GPU: no GPU node in {HOSTS / 'no-gpu' / 'sys/class/kfd'}"), line
+    assert "(fix: run on a machine with an AMD GPU that a bundle serves (gfx1151, gfx1150, gfx1100" in line
+
+
+@pytest.mark.skipif(Path("/sys/class/kfd").exists(), reason="this machine has the amdgpu driver loaded")
+def test_this_machine_has_no_amd_gpu() -> None:
+    result = doctor(None)
+    assert result.returncode == 1
+    assert list(findings(result)) == ["gpu"], result.stdout
+    assert findings(result)["gpu"][1].startswith("block gpu     no AMD GPU: /sys/class/kfd does not exist")
+    as_json = json.loads(doctor(None, "--json").stdout)
+    assert as_json["ready"] is False and [f["check"] for f in as_json["findings"]] == ["gpu"]
+
+
+def test_json_has_ready_and_every_finding() -> None:
+    result = doctor("strix-halo", "--json", "--gpu-memory-utilization", "0.9")
+    assert result.returncode == 1, "a blocker exits 1 with --json too"
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"ready", "findings"} and doc["ready"] is False
+    assert all(set(f) == {"check", "status", "message", "fix"} for f in doc["findings"])
+    assert [(f["check"], f["status"]) for f in doc["findings"]] == [*{**ALL_OK, "memory": "block"}.items()]
+    ready = doctor("strix-halo", "--json")
+    assert ready.returncode == 0 and json.loads(ready.stdout)["ready"] is True
+
+
+def test_a_utilization_the_free_memory_cannot_cover_blocks_naming_one_that_fits() -> None:
+    """76.45 GiB free of 96: vLLM refuses 0.9 (86.4 GiB); the largest that fits is 0.79."""
+    refused = doctor("strix-halo", "--gpu-memory-utilization", "0.9")
+    assert refused.returncode == 1
+    status, line = findings(refused)["memory"]
+    assert status == "block"
+    assert "--gpu-memory-utilization 0.9 needs 86.4 GiB free at start (vLLM refuses to start)" in line
+    assert "(fix: pass --gpu-memory-utilization 0.79 or less, or close what holds GPU memory)" in line
+    fits = doctor("strix-halo", "--gpu-memory-utilization", "0.7")
+    assert fits.returncode == 0, fits.stdout
+    assert "--gpu-memory-utilization 0.7 needs 67.2 GiB free at start" in findings(fits)["memory"][1]
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5", "1.01", "nan", "inf", "x"])
+def test_a_utilization_out_of_range_is_a_usage_error(value: str) -> None:
+    result = doctor("strix-halo", f"--gpu-memory-utilization={value}")
+    assert result.returncode == 2
+    assert_one_line_error(result, "argument --gpu-memory-utilization", repr(value), "above 0 and at most 1")
+
+
+def test_another_targets_bundle_is_refused() -> None:
+    result = doctor("strix-halo", "--target", "gfx110X")
+    assert result.returncode == 1
+    status, line = findings(result)["gpu"]
+    assert status == "block"
+    assert "a gfx1151 APU: the gfx110X bundle serves gfx1100, gfx1101, gfx1102, gfx1103" in line
+    assert line.endswith("(fix: install the gfx1151 bundle)")
+    assert doctor("strix-halo", "--target", "gfx1151").returncode == 0
+    assert doctor("strix-halo", "--target", "auto").returncode == 0
+
+
+def test_an_installed_bundle_is_checked_for_its_target(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    (bundle / "bin").mkdir(parents=True)
+    (bundle / "bin" / "vllm-server").write_text("#!/bin/sh\n# Generated by vllm-bundle for vLLM 0.33.0 (gfx110X)\n")
+    result = doctor("strix-halo", "--bundle", str(bundle))
+    assert "the gfx110X bundle serves" in findings(result)["gpu"][1]
+    assert_one_line_error(doctor("strix-halo", "--bundle", str(tmp_path)), "cannot tell the target of", "--target")
+    assert_one_line_error(doctor("strix-halo", "--target", "gfx9999"), "unknown target 'gfx9999'")
+
+
+def test_device_0_is_the_desktops_discrete_gpu_unless_hip_chooses_the_igpu() -> None:
+    served = doctor("desktop-dgpu-igpu", "--target", "gfx110X")
+    assert served.returncode == 0, served.stdout
+    assert "KFD node 1, a gfx1100 discrete GPU: the gfx110X bundle serves it" in findings(served)["gpu"][1]
+
+    igpu = doctor("desktop-dgpu-igpu", env={"HIP_VISIBLE_DEVICES": "1"})
+    assert igpu.returncode == 1
+    status, line = findings(igpu)["gpu"]
+    assert status == "block"
+    assert "HIP device 0 (HIP_VISIBLE_DEVICES=1) is KFD node 2, a gfx1036 APU: no bundle serves it" in line
+    assert "(fix: make KFD node 1's gfx1100 HIP's device 0: HIP_VISIBLE_DEVICES=0)" in line
+    assert "renderD129" in findings(igpu)["access"][1], "the iGPU's own render node"
+
+    beyond = doctor("desktop-dgpu-igpu", env={"HIP_VISIBLE_DEVICES": "2"})
+    assert beyond.returncode == 1 and list(findings(beyond)) == ["gpu"]
+    assert "HIP_VISIBLE_DEVICES=2 makes GPU 2 HIP's device 0, but this machine has 2 GPUs" in beyond.stdout
+
+
+def host_copy(name: str, where: Path) -> Path:
+    return Path(shutil.copytree(HOSTS / name, where / name))
+
+
+def as_a_user(command: list[str]) -> list[str]:
+    """``command`` subject to file modes: as root (CI), without the capabilities that bypass them."""
+    if os.getuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): file modes cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *command]
+
+
+def test_device_nodes_the_user_cannot_open_block_naming_the_groups(tmp_path: Path) -> None:
+    host = host_copy("strix-halo", tmp_path)
+    for node in (host / "dev" / "kfd", host / "dev" / "dri" / "renderD128"):
+        node.chmod(0)
+    command = as_a_user([sys.executable, "-m", "vllm_bundle", "doctor", "--host-root", str(host)])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    status, line = findings(result)["access"]
+    assert status == "block"
+    assert f"cannot open {host / 'dev/kfd'} read-write: Permission denied (group " in line
+    assert f"cannot open {host / 'dev/dri/renderD128'} read-write" in line and "mode ----------" in line
+    assert "(fix: sudo usermod -aG render,video $USER, then log out and in" in line
+
+
+def test_a_missing_device_node_says_so(tmp_path: Path) -> None:
+    host = host_copy("strix-halo", tmp_path)
+    (host / "dev" / "kfd").unlink()
+    status, line = findings(doctor(host))["access"]
+    assert status == "block"
+    assert f"{host / 'dev/kfd'} does not exist" in line
+    assert "(fix: in a container, pass --device /dev/kfd --device /dev/dri --group-add video" in line
+
+
+def test_dkms_on_a_discrete_gpu_is_a_warning(tmp_path: Path) -> None:
+    host = host_copy("desktop-dgpu-igpu", tmp_path)
+    shutil.copytree(HOSTS / "strix-halo-dkms" / "sys" / "module", host / "sys" / "module", dirs_exist_ok=True)
+    result = doctor(host)
+    assert result.returncode == 0, result.stdout
+    assert statuses(result)["driver"] == "warn"
+    assert result.stdout.strip().splitlines()[-1] == "ready, with 1 warning"
+
+
+# -- unit: odd trees give findings, never a traceback -------------------------------------------------------
+
+
+def _diagnose(root: Path, utilization: float | None = None, environ: dict[str, str] | None = None) -> list[Finding]:
+    return diagnose(root, TARGETS, None, utilization, environ or {})
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "directory", "empty"])
+def test_every_file_of_a_host_may_be_damaged(tmp_path: Path, damage: str) -> None:
+    pristine = HOSTS / "strix-halo"
+    for number, file in enumerate(sorted(p.relative_to(pristine) for p in pristine.rglob("*") if p.is_file())):
+        root = Path(shutil.copytree(pristine, tmp_path / str(number)))
+        (root / file).unlink()
+        if damage == "garbage":
+            (root / file).write_bytes(b"\xff\xfe\x00 12 \x80\n")
+        elif damage == "directory":
+            (root / file).mkdir()
+        elif damage == "empty":
+            (root / file).write_text("")
+        result = _diagnose(root, 0.5)
+        assert result and all(isinstance(finding, Finding) for finding in result), file
+        render_text(result)
+        json.loads(render_json(result))
+        shutil.rmtree(root)
+
+
+def test_the_gfx1151_needs_the_cwsr_lines_on_its_own_node(tmp_path: Path) -> None:
+    """The kernel prints them on CPU nodes too (value 0): only the GPU node tells."""
+    root = host_copy("strix-halo-old-kernel", tmp_path)
+    cpu = root / "sys/class/kfd/kfd/topology/nodes/0/properties"
+    cpu.write_text(cpu.read_text().replace("num_cp_queues 0\n", "num_cp_queues 0\ncwsr_size 0\nctl_stack_size 0\n"))
+    (cwsr,) = [f for f in _diagnose(root) if f.check == "cwsr"]
+    assert cwsr.status == "block", cwsr
+
+
+def test_a_render_minor_no_file_name_can_hold_is_a_finding(tmp_path: Path) -> None:
+    root = host_copy("strix-halo", tmp_path)
+    node = root / "sys/class/kfd/kfd/topology/nodes/1/properties"
+    node.write_text(node.read_text().replace("drm_render_minor 128", "drm_render_minor " + "9" * 300))
+    by_check = {f.check: f for f in _diagnose(root)}
+    assert by_check["access"].status == "block" and by_check["memory"].status == "warn"
+
+
+def test_uuids_in_hip_visible_devices_are_a_warning() -> None:
+    (gpu, *_) = _diagnose(HOSTS / "desktop-dgpu-igpu", environ={"HIP_VISIBLE_DEVICES": "GPU-4d3f2a"})
+    assert gpu.status == "warn" and "cannot tell which GPU HIP makes device 0 (HIP_VISIBLE_DEVICES=GPU-4d3f2a)" in (
+        gpu.message
+    )
+
+
+# -- install runs the same checks before it downloads anything -------------------------------------------
+
+TAG = "vllm0.33.0-rocm7.14.0-gfx1151"
+STEM = f"{TAG}-x64"
+
+
+def tiny_release(where: Path) -> Path:
+    """A one-part release whose archive holds only an executable ``bin/vllm-server``."""
+    where.mkdir(parents=True)
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as archive:
+        for name, kind in (("./", tarfile.DIRTYPE), ("./bin", tarfile.DIRTYPE), ("./bin/vllm-server", tarfile.REGTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = kind, 0o755
+            body = b"#!/bin/sh\n" if kind == tarfile.REGTYPE else b""
+            info.size = len(body)
+            archive.addfile(info, io.BytesIO(body))
+    part = where / f"{STEM}.part01-of-01.tar.gz"
+    part.write_bytes(data.getvalue())
+    digest = hashlib.sha256(part.read_bytes()).hexdigest()
+    entry = {"name": part.name, "size": part.stat().st_size, "sha256": digest}
+    release = {"tag": TAG, "target": "gfx1151", "archive": {"size": entry["size"], "sha256": digest, "parts": [entry]}}
+    (where / "release.json").write_text(json.dumps(release))
+    (where / f"{STEM}.partcount").write_text("01")
+    return where
+
+
+@pytest.fixture
+def served_release(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """The tiny release on a loopback HTTP server, and the paths it was asked for."""
+    root = tiny_release(tmp_path / "site" / "r")
+    asked: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root.parent), **kwargs)
+
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/r/", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_install_refuses_a_host_that_cannot_run_the_bundle_before_downloading(
+    served_release: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, asked = served_release
+    dest, cache = tmp_path / "vllm", tmp_path / "cache"
+    common = ("--dest", dest, "--cache-dir", cache, "--plain", "--host-root", HOSTS / "strix-halo-old-kernel")
+    refused = run_cli("install", url, *common)
+    assert_one_line_error(
+        refused,
+        "error: this machine cannot run the gfx1151 bundle: kernel 6.17.0-8-generic does not export cwsr_size",
+        "(fix what `vllm-bundle doctor` lists, or pass --force to install anyway)",
+    )
+    assert "block cwsr" in refused.stdout, "the findings are printed"
+    assert asked == ["/r/release.json"], "nothing but the manifest was read"
+    assert not dest.exists() and not cache.exists()
+
+    forced = run_cli("install", url, *common, "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "installing anyway (--force): 1 blocker" in forced.stdout
+    assert f"/r/{STEM}.part01-of-01.tar.gz" in asked
+    assert (dest / "bin" / "vllm-server").is_file()
+
+
+def test_install_on_a_ready_host_prints_the_findings_and_proceeds(
+    served_release: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, _ = served_release
+    result = run_cli(
+        *("install", url, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--plain"),
+        *("--host-root", HOSTS / "strix-halo"),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok    cwsr" in result.stdout and "\nready\n" in result.stdout
+    assert "installing anyway" not in result.stdout
+
+
+def test_install_only_warns_of_short_memory(served_release: tuple[str, list[str]], tmp_path: Path) -> None:
+    """Memory held by other programs at install time is no reason to refuse: it frees up, and the
+    launcher chooses its budget at each start. ``doctor`` itself still blocks on it."""
+    host = tmp_path / "host"
+    shutil.copytree(HOSTS / "strix-halo", host)
+    (host / "sys/class/drm/renderD128/device/mem_info_gtt_used").write_text(f"{95 * 2**30}\n")
+    assert run_cli("doctor", "--host-root", host).returncode == 1
+    url, _ = served_release
+    result = run_cli(
+        *("install", url, "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache", "--plain"),
+        *("--host-root", host),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "warn  memory  HIP device 0 has 1.0 of 96.0 GiB free" in result.stdout
+    assert (tmp_path / "vllm" / "bin" / "vllm-server").is_file()
