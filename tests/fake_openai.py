@@ -10,6 +10,12 @@ chat-empty        the chat reply is empty
 stream-no-done    the event stream ends without ``data: [DONE]``
 nondeterministic  each completion differs (a counter in the text)
 ignore-sigterm    SIGTERM is ignored (only SIGKILL stops it)
+orphan            the engine child is not tied to the server: it outlives a SIGKILL of the server
+
+Like ``vllm serve`` it starts an engine child with multiprocessing ``spawn`` (vllm/v1/engine/utils.py,
+``CoreEngineProcManager``), which ignores SIGTERM. The bundle's interpreter runs
+``_vllm_bundle_runtime.orphans.arm()`` at every start (its ``.pth``); this stand-in runs on the test's
+own Python, so it calls the same function itself, in the server and in the engine.
 
 ``FAKE_OPENAI_BOOT_SECONDS`` makes /health answer 503 that long first, as while a model loads.
 """
@@ -19,12 +25,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
+import multiprocessing.process
 import os
 import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from vllm_bundle.runtime import orphans
 
 FAULT = os.environ.get("FAKE_OPENAI_FAULT", "")
 BOOT_SECONDS = float(os.environ.get("FAKE_OPENAI_BOOT_SECONDS", "0"))
@@ -89,6 +99,29 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+def engine() -> None:
+    if FAULT != "orphan":
+        orphans.arm()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(60)
+
+
+def start_engine() -> multiprocessing.process.BaseProcess:
+    if FAULT != "orphan":
+        orphans.arm()
+    process = multiprocessing.get_context("spawn").Process(target=engine, name="EngineCore", daemon=True)
+    process.start()
+    return process
+
+
+def stop(process: multiprocessing.process.BaseProcess) -> None:
+    """A SIGTERM'd server takes its engine down (vLLM's shutdown ends in kill_process_tree)."""
+    process.kill()
+    process.join()
+    os._exit(0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -98,10 +131,11 @@ def main() -> None:
     if FAULT == "crash":
         sys.stderr.write("RuntimeError: HIP error: invalid device function\n")
         raise SystemExit(3)
+    child = start_engine()
     if FAULT == "ignore-sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        signal.signal(signal.SIGTERM, lambda *_: stop(child))
     assert args.host in ("127.0.0.1", "localhost"), "tests serve on loopback only"
     Handler.served_name = args.served_model_name
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

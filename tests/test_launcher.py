@@ -12,10 +12,10 @@ import pytest
 from tests.conftest import REPO
 from vllm_bundle.launcher import render_launcher
 from vllm_bundle.recipes import load_recipes
+from vllm_bundle.toolchain import WRAPPER
 
 RECIPES = load_recipes(REPO / "recipes")
 LIBS = ["_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "torch/lib"]
-CLANG = "_rocm_sdk_core/lib/llvm/bin/clang"
 # Stands in for the bundled interpreter: reports what it was started with.
 STAND_IN = """#!/bin/sh
 exec "{python}" -c '
@@ -36,7 +36,6 @@ def make_root(root: Path, vllm_version: str) -> Path:
         render_launcher(
             python_minor="3.12",
             library_dirs=LIBS,
-            clang=CLANG,
             attention=RECIPES.vllm.attention_rule(vllm_version),
             vllm_version=vllm_version,
             target="gfx1151",
@@ -101,7 +100,7 @@ def test_defaults_and_arguments_with_an_empty_environment(root: Path) -> None:
     assert env["LD_LIBRARY_PATH"] == ":".join(str(site / d) for d in LIBS)
     assert env["PYTHONNOUSERSITE"] == "1"
     assert env["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
-    assert env["CC"] == str(site / CLANG)
+    assert env["CC"] == str(root.resolve() / WRAPPER), "the bundle's C compiler wrapper (zig cc)"
     assert env["PYTHONPATH"] is None
     assert env["VLLM_ATTENTION_BACKEND"] is None, "0.33 ignores the variable; the flag is used"
     assert env["ROCPROFILER_QUEUE_INTERPOSITION"] == "0", "torch 2.12 can hang at HSA teardown without it"
@@ -174,7 +173,6 @@ def test_unsafe_library_dir_is_refused() -> None:
         render_launcher(
             python_minor="3.12",
             library_dirs=['x"; rm -rf /; "'],
-            clang=CLANG,
             attention=RECIPES.vllm.attention_rule(),
             vllm_version="0.33.0",
             target="gfx1151",

@@ -47,6 +47,8 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "no-cuda",
         "symlinks",
         "launcher",
+        "runtime",
+        "c-toolchain",
         "build-paths",
         "size",
         "relocated-smoke",
@@ -96,6 +98,16 @@ def _break_launcher(root: Path) -> None:
     launcher.write_text(launcher.read_text().replace("esac\n    done", "esac\n    don"))
 
 
+def _no_runtime_hook(root: Path) -> None:
+    """A site-packages without the line that ties the server's children to it (issue #22)."""
+    (root / SITE / "vllm-bundle-runtime.pth").unlink()
+
+
+def _no_zig(root: Path) -> None:
+    """The C compiler Triton runs at first GPU use, gone (issue #22)."""
+    (root / SITE / "ziglang" / "zig").unlink()
+
+
 def _torch_mismatch(root: Path) -> None:
     (metadata,) = (root / SITE).glob("vllm-*.dist-info/METADATA")
     metadata.write_text(metadata.read_text() + "Requires-Dist: torch==2.9.0\n")
@@ -127,6 +139,8 @@ def _undefined_torch_symbol(root: Path) -> None:
         (_edit_torch, "records", "torch/__init__.py does not match its RECORD hash"),
         (_absolute_rpath, "search-paths", "absolute RPATH/RUNPATH /home/builder/build/gfx1151/site/lib"),
         (_break_launcher, "launcher", "bin/vllm-server is not valid sh"),
+        (_no_runtime_hook, "runtime", "site-packages/vllm-bundle-runtime.pth is missing"),
+        (_no_zig, "c-toolchain", f"{SITE}/ziglang/zig, which libexec/vllm-bundle/cc runs, is missing"),
         (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.12.0+rocm"),
         (_undefined_torch_symbol, "torch-abi", "needs _ZN3c1019UndefinedTensorImpl10_singletonE"),
         (_cuda_library, "no-cuda", "torchvision.libs/libcudart.faf08d9a.so.13 is a CUDA library"),

@@ -31,20 +31,20 @@ from installer.utils import Scheme, copyfileobj_with_hashing
 
 from vllm_bundle.errors import BundleError
 from vllm_bundle.fetch import require_sha256
-from vllm_bundle.launcher import render_launcher
+from vllm_bundle.launcher import render_launcher, runtime_files
 from vllm_bundle.prune import PruneRules, prune
 from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.records import refresh_records
 from vllm_bundle.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
 from vllm_bundle.stage import StageResult, run_stage
+from vllm_bundle.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper
 
-STAGE_VERSION = 5
+STAGE_VERSION = 6
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 #: The library path the launcher sets, in order. TheRock's own binaries find these through their RPATH;
 #: Python extensions and tools run from elsewhere (Triton's, the SDK's clang and its libomp in
 #: lib/llvm/lib, TheRock build_tools/github_actions/test_executable_scripts/pytest_runner.py) do not.
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
-CLANG_CANDIDATES = ("_rocm_sdk_core/lib/llvm/bin/clang", "_rocm_sdk_core/lib/llvm/bin/clang-[0-9]*")
 
 
 class AssembleError(BundleError):
@@ -232,15 +232,15 @@ def library_dirs(layout: Layout) -> list[str]:
     return found
 
 
-def find_clang(layout: Layout) -> str:
-    for pattern in CLANG_CANDIDATES:
-        matches = sorted(layout.site.glob(pattern))
-        if matches:
-            return str(matches[-1].relative_to(layout.site))
-    raise AssembleError(
-        "the ROCm SDK in the bundle has no clang under _rocm_sdk_core/lib/llvm/bin",
-        "Triton needs it at run time: check the rocm-sdk-core wheel in the lock",
-    )
+def require_toolchain(layout: Layout) -> None:
+    """The C compiler the wrapper runs is installed: without it Triton's first compile fails on any host
+    without a C toolchain, long after the bundle shipped."""
+    zig = layout.site / ZIG
+    if not zig.is_file() or not os.access(zig, os.X_OK):
+        raise AssembleError(
+            f"the bundle has no C toolchain: site-packages/{ZIG} is missing (Triton compiles C at first GPU use)",
+            "lock again: recipes/components.toml [toolchain] c pins ziglang, which the lock adds to the wheels",
+        )
 
 
 def root_stage(
@@ -256,11 +256,15 @@ def root_stage(
     force: bool = False,
     vllm_build: str = "rocm",
     defaults: Mapping[str, str] | None = None,
+    *,
+    zig_target: str,
 ) -> StageResult:
     """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher;
-    ``defaults``: the variables the launcher sets unless the caller has (launcher.toml)."""
+    ``defaults``: the variables the launcher sets unless the caller has (launcher.toml); ``zig_target``:
+    what the C compiler wrapper (``CC``) builds for (toolchain.zig_target)."""
     inputs = {
         "app": app.key,
+        "zig_target": zig_target,
         "vllm_build": vllm_build,
         "defaults": dict(defaults or {}),
         "template": template_digest,
@@ -273,10 +277,11 @@ def root_stage(
     def build(tmp: Path) -> Mapping[str, Any]:
         link_tree(app.path, tmp)
         layout = Layout(tmp, minor)
+        require_toolchain(layout)
+        write_wrapper(tmp, render_wrapper(minor, zig_target))
         text = render_launcher(
             python_minor=minor,
             library_dirs=library_dirs(layout),
-            clang=find_clang(layout),
             attention=attention,
             vllm_version=vllm_version,
             target=target,
@@ -287,7 +292,11 @@ def root_stage(
         launcher = tmp / "bin" / "vllm-server"
         launcher.write_text(text)
         launcher.chmod(0o755)
+        for name, content in runtime_files().items():
+            (layout.site / name).parent.mkdir(exist_ok=True)
+            (layout.site / name).write_text(content)
         check_no_build_paths(tmp / "bin", build_dir)
-        return {"launcher": "bin/vllm-server"}
+        check_no_build_paths(tmp / "libexec", build_dir)
+        return {"launcher": "bin/vllm-server", "cc": WRAPPER}
 
     return run_stage(out, "root", STAGE_VERSION, inputs, build, force=force)

@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_bundle.assemble import Layout, app_stage, root_stage, site_stage
 from vllm_bundle.fetch import Artifact, Fetcher
 from vllm_bundle.image import ImageRecipe, image_spec, image_stage
-from vllm_bundle.launcher import template_text
+from vllm_bundle.launcher import runtime_files, template_text
 from vllm_bundle.locker import check_lock
 from vllm_bundle.lockfile import Lock, build_only, read_lock, wheel_artifacts
 from vllm_bundle.manifests import check_repo, release_tag, sha256_file
@@ -32,6 +32,7 @@ from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_sta
 from vllm_bundle.recipes import Recipes
 from vllm_bundle.release import ReleaseOptions, release_stage, source_date
 from vllm_bundle.stage import StageResult, check_stage_names, stage_key
+from vllm_bundle.toolchain import wrapper_template, zig_target
 from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.vllm_build import RocmInputs, WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.vllm_source import prepare_source
@@ -148,7 +149,9 @@ def build_bundle(
     rules = load_prune_rules(recipes.root)
     begin("app")
     app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
-    template = stage_key("launcher-template", 1, {"text": template_text()})
+    template = stage_key(
+        "launcher-template", 3, {"text": template_text(), "runtime": runtime_files(), "cc": wrapper_template()}
+    )
     begin("root")
     root = step(
         root_stage(
@@ -164,6 +167,7 @@ def build_bundle(
             "root" in force,
             vllm_build=device,
             defaults=recipes.launcher_defaults,
+            zig_target=zig_target(recipes.python),
         )
     )
     begin("qualify")

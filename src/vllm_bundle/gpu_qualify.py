@@ -20,11 +20,12 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 
 from vllm_bundle.assemble import Layout, library_dirs
@@ -32,9 +33,15 @@ from vllm_bundle.fsutil import atomic_write
 from vllm_bundle.manifests import RELEASE_JSON, ManifestError, dump_json, read_json, write_sha256sums
 from vllm_bundle.qualify import CheckResult, Report
 from vllm_bundle.recipes import Target
+from vllm_bundle.runtime import amdgpu
 
 #: Installers send SIGTERM, then SIGKILL after this many seconds (DESIGN.md).
 STOP_GRACE_SECONDS = 5.0
+#: After a SIGKILL of the server, how long what it started may take to go (issue #22).
+ORPHAN_GRACE_SECONDS = 2.0
+#: How far sysfs's figure for device 0's memory may be from torch's (pages the driver keeps aside).
+MEMORY_TOLERANCE = 0.02
+GIB = float(1 << 30)
 SERVED_NAME = "qualify"
 PROMPT = "The capital of France is"
 LOG_TAIL = 20
@@ -49,6 +56,7 @@ try:
     out["hip"] = torch.version.hip
     if torch.cuda.is_available():
         out["devices"] = [torch.cuda.get_device_properties(i).gcnArchName for i in range(torch.cuda.device_count())]
+        out["memory"] = list(torch.cuda.mem_get_info(0))
 except Exception as err:
     out["torch_error"] = f"{type(err).__name__}: {err}"
 import vllm
@@ -105,8 +113,35 @@ def run_probe(layout: Layout, timeout: float = 600.0) -> dict[str, Any]:
         return {"hip": None, "devices": [], "extensions": {}, "probe_error": f"exit {result.returncode}: {tail}"}
 
 
-def tier1_checks(probe: dict[str, Any], target: Target) -> list[CheckResult]:
-    """Native extensions load; a GPU is visible to torch; its ISA is one the bundle was built for."""
+def check_memory_figure(probe: dict[str, Any], root: Path) -> CheckResult:
+    """The launcher's memory default is computed from sysfs (runtime.gpu_memory); it is only right if
+    sysfs's pool for device 0 is the memory HIP reports (``torch.cuda.mem_get_info``), which on an APU
+    depends on the kernel's GTT choice. Both figures are in the report."""
+    name, what = "gpu-memory", "sysfs and torch agree on device 0's memory"
+    memory = probe.get("memory")
+    if not memory:
+        return CheckResult(name, False, what, ["torch reported no memory figure for device 0"])
+    torch_free, torch_total = int(memory[0]), int(memory[1])
+    gpus = amdgpu.gpu_nodes(root)
+    index = amdgpu.visible_index(os.environ)
+    if index is None or index >= len(gpus):
+        return CheckResult(name, False, what, ["cannot tell which KFD node is device 0"])
+    try:
+        pool = amdgpu.memory_pool(root, gpus[index])
+    except amdgpu.Unreadable as err:
+        return CheckResult(name, False, what, [f"sysfs: {err}"])
+    summary = (
+        f"device 0: sysfs {pool.kind} {pool.total / GIB:.2f} GiB, torch {torch_total / GIB:.2f} GiB "
+        f"({torch_free / GIB:.2f} GiB free)"
+    )
+    if abs(pool.total - torch_total) > MEMORY_TOLERANCE * torch_total:
+        return CheckResult(name, False, what, [f"{summary}: they differ by more than {MEMORY_TOLERANCE:.0%}"])
+    return CheckResult(name, True, summary)
+
+
+def tier1_checks(probe: dict[str, Any], target: Target, host: Path) -> list[CheckResult]:
+    """Native extensions load; a GPU is visible to torch; its ISA is one the bundle was built for;
+    ``host``'s sysfs (``/`` on the runner) gives device 0 the memory torch sees."""
     extensions: dict[str, str | None] = probe.get("extensions", {})
     failed = [f"{name}: {error}" for name, error in sorted(extensions.items()) if error]
     if probe.get("probe_error"):
@@ -127,6 +162,7 @@ def tier1_checks(probe: dict[str, Any], target: Target) -> list[CheckResult]:
         CheckResult("native-extensions", not failed, f"{len(extensions)} vLLM extensions load", failed),
         CheckResult("gpu-visible", not visible, f"{len(devices)} GPU(s), HIP {probe.get('hip')}", visible),
         CheckResult("gcn-arch", bool(devices) and not wrong, f"gcnArchName {', '.join(isas) or 'none'}", wrong),
+        check_memory_figure(probe, host),
     ]
 
 
@@ -324,9 +360,22 @@ def _api_check(name: str, check: APICheck, server: Server, options: ServeOptions
         return CheckResult(name, False, name, [str(failure)])
 
 
+def _not_python(pid: int) -> str | None:
+    """Why ``pid`` (the launcher's process) is not the interpreter, if it is not: a launcher that does
+    not ``exec`` keeps a shell between the installer's signals and vLLM."""
+    try:
+        executable = psutil.Process(pid).exe()
+    except psutil.Error as err:
+        return f"cannot tell what pid {pid} runs: {type(err).__name__}"
+    return None if Path(executable).name.startswith("python") else f"pid {pid} runs {executable}"
+
+
 def check_stop(server: Server) -> CheckResult:
-    """SIGTERM stops the server within the grace period and nothing is left serving the port."""
+    """The launcher's process is vLLM's (it ``exec``s python), SIGTERM stops it within the grace period
+    and nothing is left serving the port."""
     problems = []
+    if (why := _not_python(server.process.pid)) is not None:
+        problems.append(f"the launcher did not exec python ({why}): SIGTERM would not reach vLLM")
     if not server.stop():
         problems.append(f"vllm-server ignored SIGTERM for {STOP_GRACE_SECONDS:.0f} s and was killed")
     try:
@@ -337,8 +386,55 @@ def check_stop(server: Server) -> CheckResult:
     return CheckResult("stop", not problems, f"SIGTERM stops it within {STOP_GRACE_SECONDS:.0f} s", problems)
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _survivors(processes: list[psutil.Process], within: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + within
+    while True:
+        alive = [process for process in processes if _alive(process)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def check_no_orphans(layout: Layout, options: ServeOptions, log: Path) -> CheckResult:
+    """SIGKILL of a healthy server (an installer's last resort; a load that timed out) leaves none of
+    the processes it started: one that lived on would hold GPU memory until found by hand."""
+    name, what = "no-orphans", f"nothing it started outlives a SIGKILL by {ORPHAN_GRACE_SECONDS:.0f} s"
+    with started_server(layout, options, log) as server:
+        health = wait_healthy(server, options)
+        if not health.passed:
+            return CheckResult(name, False, what, [f"not run: {health.problems[0]}"])
+        try:
+            started = psutil.Process(server.process.pid).children(recursive=True)
+        except psutil.Error:
+            started = []
+        server.process.kill()
+        server.process.wait()
+        left = _survivors(started, ORPHAN_GRACE_SECONDS)
+    for process in left:
+        with suppress(psutil.Error):
+            process.kill()  # the runner's GPU is wanted by the next check
+    problems = [f"pid {p.pid} ({_process_name(p)}) was alive {ORPHAN_GRACE_SECONDS:.0f} s after" for p in left]
+    problems = [f"{problem} SIGKILL of vllm-server" for problem in problems]
+    return CheckResult(name, not problems, f"{what} ({len(started)} process(es) started)", problems)
+
+
+def _process_name(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())[:80] or process.name()
+    except psutil.Error:
+        return "?"
+
+
 def tier2_checks(layout: Layout, options: ServeOptions, log: Path) -> list[CheckResult]:
-    """Boot, health, the API checks (skipped as failed when not healthy), and a clean stop."""
+    """Boot, health, the API checks (skipped as failed when not healthy), a clean stop; then a second
+    boot, killed, that must leave nothing behind."""
     with started_server(layout, options, log) as server:
         health = wait_healthy(server, options)
         results = [health]
@@ -348,13 +444,14 @@ def tier2_checks(layout: Layout, options: ServeOptions, log: Path) -> list[Check
             else:
                 results.append(CheckResult(name, False, name, ["not run: the server never became healthy"]))
         results.append(check_stop(server))
+    results.append(check_no_orphans(layout, options, log.with_name(f"{log.stem}-killed{log.suffix}")))
     return results
 
 
 def qualify_gpu(root: Path, minor: str, target: Target, tiers: int, options: ServeOptions, log: Path) -> Report:
     """Tier 1, then (``tiers`` == 2) tier 2 when tier 1 passed."""
     layout = Layout(root, minor)
-    checks = tier1_checks(run_probe(layout), target)
+    checks = tier1_checks(run_probe(layout), target, amdgpu.host_root())
     if tiers >= 2:
         if all(c.passed for c in checks):
             checks += tier2_checks(layout, options, log)

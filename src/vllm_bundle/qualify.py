@@ -4,7 +4,8 @@ self-contained, for a bundle tree, an archive or its parts.
 Checks: ELF closure (pyelftools: every DT_NEEDED resolves in the bundle or to the system allow-list),
 search paths relative, vLLM's native extensions' torch symbols defined by the bundled libraries,
 vLLM's torch requirement met, every RECORD entry present with its hash, device code for every ISA,
-launcher, interpreter, size budget, and a relocated import smoke test.
+launcher, interpreter, the C toolchain Triton runs (``CC``), size budget, and a relocated smoke test:
+imports, and a C extension built with the bundle's ``CC`` the way Triton builds one, then loaded.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from vllm_bundle.elf import dynamic_info, is_elf
 from vllm_bundle.errors import BundleError, RecipeError
 from vllm_bundle.extract import symlink_problems
 from vllm_bundle.install import extract_parts
-from vllm_bundle.launcher import BUILD_HEADER, PYTHON_ONLY
+from vllm_bundle.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.records import read_record, records, resolve, verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
 from vllm_bundle.stage import StageResult, run_stage
+from vllm_bundle.toolchain import WRAPPER, named_zig, toolchain_problems
 from vllm_bundle.vllm_extensions import extension_problems, find_in_tree
 
 QUALIFY_FILE = "qualify.toml"
@@ -304,6 +306,71 @@ def check_launcher(layout: Layout) -> CheckResult:
     return CheckResult("launcher", not problems, "launcher valid and executable; interpreter present", problems)
 
 
+def check_runtime(layout: Layout) -> CheckResult:
+    """The runtime the launcher relies on is in site-packages as this tool wrote it: without its ``.pth``
+    a killed server would leave its EngineCore holding GPU memory (runtime/orphans.py)."""
+    problems = []
+    for name, text in runtime_files().items():
+        path = layout.site / name
+        if not path.is_file():
+            problems.append(f"site-packages/{name} is missing")
+        elif path.read_text(errors="replace") != text:
+            problems.append(f"site-packages/{name} is not the runtime this tool ships")
+    return CheckResult("runtime", not problems, f"{RUNTIME_PTH} and its runtime in site-packages", problems)
+
+
+def check_toolchain(layout: Layout) -> CheckResult:
+    """The C compiler Triton runs at first GPU use (the launcher's ``CC``): the wrapper is there and
+    executable, and so is the zig it runs (toolchain.py)."""
+    problems = toolchain_problems(layout.root)
+    summary = f"{WRAPPER} (the launcher's CC) executable"
+    if not problems:
+        text = (layout.root / WRAPPER).read_text(errors="replace")
+        target = text.rsplit(" cc -target ", 1)[-1].split()[0] if " cc -target " in text else "?"
+        summary += f"; the zig it runs ({named_zig(layout.root)} cc -target {target}) present"
+    return CheckResult("c-toolchain", not problems, summary, problems)
+
+
+#: Built in the relocated copy with the bundle's CC and Triton's flags, then loaded by its python: the
+#: headers (libc's, Python's), the crt objects and the linker must all come from the bundle.
+SMOKE_C = """#include <Python.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+int vllm_bundle_cc_smoke(void) { char b[8]; snprintf(b, sizeof b, "%d", 42); return atoi(b) + (dlerror() != NULL); }
+"""
+SMOKE_LOAD = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).vllm_bundle_cc_smoke())"
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> str:
+    return (result.stderr.strip().splitlines() or [result.stdout.strip() or f"exit status {result.returncode}"])[-1]
+
+
+def _first_error(result: subprocess.CompletedProcess[str]) -> str:
+    """A compiler's first ``error`` line (clang ends with the useless "1 error generated."), else its last."""
+    errors = [line.strip() for line in result.stderr.splitlines() if "error" in line and "generated" not in line]
+    return errors[0] if errors else _last_line(result)
+
+
+def _compile_problem(there: Layout, work: Path) -> str | None:
+    """Build a shared object as Triton's ``_build`` does (triton-lang/triton python/triton/runtime/build.py:
+    ``[CC, src, -O3, -shared, -fPIC, -Wno-psabi, -o, so, -I...]``) with the moved bundle's CC, a fresh zig
+    cache and no HOME, and load it with the moved bundle's python; None when both work."""
+    source, library = work / "smoke.c", work / "smoke.so"
+    source.write_text(SMOKE_C)
+    include = there.root / "include" / f"python{there.minor}"
+    cc = [str(there.root / WRAPPER), str(source), "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", str(library)]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ZIG_GLOBAL_CACHE_DIR": str(work / "zig-cache")}
+    built = subprocess.run([*cc, f"-I{include}"], env=env, capture_output=True, text=True, check=False, timeout=600)
+    if built.returncode != 0:
+        return f"the bundle's CC could not build a C extension: {_first_error(built)}"
+    load = [str(there.python), "-P", "-c", SMOKE_LOAD, str(library)]
+    loaded = subprocess.run(load, env=env, capture_output=True, text=True, check=False, timeout=600)
+    if loaded.returncode != 0 or loaded.stdout.strip() != "42":
+        return f"the C extension the bundle's CC built does not load: {_last_line(loaded)}"
+    return None
+
+
 def check_build_paths(layout: Layout, build_dir: Path | None) -> CheckResult:
     if build_dir is None:
         return CheckResult("build-paths", True, "no build directory to look for (archive given)")
@@ -333,10 +400,11 @@ def check_relocated_smoke(layout: Layout, rules: QualifyRules) -> CheckResult:
         result = subprocess.run(
             [str(there.python), "-P", "-c", code], env=env, capture_output=True, text=True, check=False, timeout=600
         )
-    problems = [] if result.returncode == 0 else [f"import failed: {(result.stderr.strip().splitlines() or ['?'])[-1]}"]
-    return CheckResult(
-        "relocated-smoke", not problems, f"moved elsewhere, imports {', '.join(rules.smoke_imports)}", problems
-    )
+        problems = [] if result.returncode == 0 else [f"import failed: {_last_line(result)}"]
+        compiled = None if toolchain_problems(moved) else _compile_problem(there, Path(tmp))  # else c-toolchain says
+        problems += [compiled] if compiled else []
+    summary = f"moved elsewhere, imports {', '.join(rules.smoke_imports)}; its CC builds a C extension it loads"
+    return CheckResult("relocated-smoke", not problems, summary, problems)
 
 
 def qualify_tree(
@@ -359,6 +427,8 @@ def qualify_tree(
         lambda: check_no_cuda(layout, rules),
         lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
+        lambda: check_runtime(layout),
+        lambda: check_toolchain(layout),
         lambda: check_build_paths(layout, build_dir),
         lambda: check_size(layout, target),
         lambda: check_relocated_smoke(layout, rules),
@@ -386,7 +456,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 7
+STAGE_VERSION = 9
 REPORT = "qualification.json"
 
 
@@ -404,16 +474,6 @@ def detect_vllm_build(root: Path) -> str | None:
         for line in launcher.read_text(errors="replace").splitlines()[:6]:
             if line.startswith(BUILD_HEADER):
                 return line.removeprefix(BUILD_HEADER).strip()
-    return None
-
-
-def detect_target(root: Path) -> str | None:
-    """The target named in the launcher's header ("Generated by vllm-bundle for vLLM X (<target>)")."""
-    launcher = root / "bin" / "vllm-server"
-    if launcher.is_file():
-        for line in launcher.read_text(errors="replace").splitlines()[:5]:
-            if "Generated by vllm-bundle" in line and "(" in line:
-                return line.rsplit("(", 1)[1].split(")")[0]
     return None
 
 

@@ -25,9 +25,12 @@ export LD_LIBRARY_PATH
 # set it: installers put their sitecustomize shim there.
 PYTHONNOUSERSITE=1
 export PYTHONNOUSERSITE
-# Triton's flash-attention path on RDNA, and its run-time compiles of small C launchers.
+# Triton's flash-attention path on RDNA.
 FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE
 export FLASH_ATTENTION_TRITON_AMD_ENABLE
+# Triton compiles C at first GPU use with $CC: the bundle's own compiler (zig cc, libc headers and linker
+# included), also over a caller's CC, which is set for the caller's own builds and often is no one
+# executable path Triton can run (CC="ccache gcc") or a compiler the host lacks headers for.
 CC="@CC@"
 export CC
 # What vLLM's own ROCm image sets for this torch (recipes/launcher.toml); a caller's value wins, even empty.
@@ -50,5 +53,20 @@ else
     export @ATTENTION_ENV@
 fi
 
+python="$root/bin/python@PYTHON_MINOR@"
+
+# A GPU-memory budget vLLM can start with, unless the caller chose one: vLLM refuses to start when less
+# than --gpu-memory-utilization (0.92) of the GPU is free, as on a desktop APU. The chooser reads sysfs,
+# says what it chose on stderr, and never stops the server from starting.
+utilization=$("$python" -P -m @RUNTIME@.gpu_memory "$@" || true)
+case $utilization in
+    0.[0-9][0-9]) set -- "$@" --gpu-memory-utilization "$utilization" ;;
+esac
+
+# Every process vLLM starts (its EngineCore, workers) dies with this one, even on SIGKILL: the bundle's
+# @RUNTIME@.orphans, run at each start-up of the bundled python, ties a child to this pid.
+@ORPHANS_VARIABLE@=$$
+export @ORPHANS_VARIABLE@
+
 # -P: the current directory is not put on sys.path (a stray vllm/ there must not shadow the bundle's).
-exec "$root/bin/python@PYTHON_MINOR@" -P @SERVER_COMMAND@ "$@"
+exec "$python" -P @SERVER_COMMAND@ "$@"
