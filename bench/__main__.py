@@ -111,10 +111,12 @@ def bench_resume(server: UpstreamServer, fixture: Fixture, work: Path, table: Ta
 
 def bench_bundle(work: Path, table: Table) -> None:
     """The whole pipeline on the fixture upstream: a full build, then a run with nothing changed."""
-    from tests.conftest import TEST_CACHE, copy_recipes, lock_against, run_cli
-    from tests.upstream.fixture import build_fixture
+    from tests.conftest import TEST_CACHE, TEST_DOWNLOADS, copy_recipes, lock_against, run_cli
+    from tests.upstream.fixture import CP, build_fixture
+    from tests.upstream.real_wheels import real_wheels
 
-    fixture = build_fixture(work / "pipeline-upstream", cache=TEST_CACHE / "fixture")
+    real = real_wheels(TEST_DOWNLOADS, CP, work / "real")
+    fixture = build_fixture(work / "pipeline-upstream", real, cache=TEST_CACHE / "fixture")
     server = UpstreamServer(fixture.root).start()
     try:
         recipes = copy_recipes(work / "recipes")

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 from platformdirs import user_cache_dir
 
-from tests.upstream.fixture import PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_MULTI_ARCH, Fixture, build_fixture
+from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_MULTI_ARCH, Fixture, build_fixture
+from tests.upstream.pypi import ZIGLANG_STAND_IN
+from tests.upstream.real_wheels import real_wheels
 from tests.upstream.server import UpstreamServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,16 +53,23 @@ def no_host_cmake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    return build_fixture(tmp_path_factory.mktemp("upstream"), cache=TEST_CACHE / "fixture")
+    root = tmp_path_factory.mktemp("upstream")
+    real = real_wheels(TEST_DOWNLOADS, CP, root / "_real")
+    return build_fixture(root, real, cache=TEST_CACHE / "fixture")
 
 
-def copy_recipes(dest: Path) -> Path:
-    """The repository's recipes (without locks), with the CPython the fake upstream serves."""
+def copy_recipes(dest: Path, *, real_toolchain: bool = False) -> Path:
+    """The repository's recipes (without locks), with the CPython the fake upstream serves and, unless
+    ``real_toolchain``, the stand-in C toolchain: the real ziglang adds ~411 MB to every bundle the suite
+    builds (tests/upstream/pypi.py ziglang_stand_in; test_toolchain.py builds one with the real one)."""
     shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("locks"))
     components = dest / "components.toml"
     text = components.read_text()
     text = re.sub(r'(?m)^version = "3\.[0-9.]+"', f'version = "{PYTHON_VERSION}"', text, count=1)
     text = re.sub(r'(?m)^release = "[0-9]+"', f'release = "{PYTHON_RELEASE}"', text, count=1)
+    if not real_toolchain:
+        text, count = re.subn(r'(?m)^c = "ziglang==[^"]+"', f'c = "ziglang=={ZIGLANG_STAND_IN}"', text)
+        assert count == 1, 'recipes/components.toml has no [toolchain] c = "ziglang==..." line'
     components.write_text(text)
     return dest
 

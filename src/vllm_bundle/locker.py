@@ -5,7 +5,8 @@
 - vLLM source release: found on the channel's PyPI index, downloaded and verified against the index's
   hash; its requirement files give the dependency closure.
 - triton_kernels: the archive of the commit vLLM's ROCm build would clone (triton_kernels.py).
-- Wheels (TheRock's ROCm SDK + device code, torch, triton, vLLM's closure): resolved by uv for the
+- Wheels (TheRock's ROCm SDK + device code, torch, triton, vLLM's closure, the C toolchain of the
+  recipe's ``[toolchain]``): resolved by uv for the
   bundle's interpreter and manylinux platform into a PEP 751 pylock.toml. What only the build needs
   (vLLM's build requirements, the SDK's devel wheel) is resolved a second time, constrained to those
   pins, and added as the pylock's ``build`` dependency group. The packages TheRock owns are
@@ -389,7 +390,8 @@ def _resolve_wheels(
     if channel.vllm_wheel is not None:  # repackage mode: TheRock's prebuilt vLLM wheel
         owned.append(Owned("vllm", channel.vllm_wheel))
     fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.line for o in owned)}")
-    inputs = write_lock_project(work, owned, therock, recipes.python.minor, vllm.requirement_lines)
+    lines = [*vllm.requirement_lines, *toolchain_lines(recipes)]
+    inputs = write_lock_project(work, owned, therock, recipes.python.minor, lines)
     fetcher.reporter.note(
         f"lock   resolving wheels with uv for CPython {recipes.python.minor} on {recipes.python.platform}"
     )
@@ -410,6 +412,12 @@ def _resolve_wheels(
             f"({human_size(measured.bytes)} downloaded)"
         )
     return pylock, vllm
+
+
+def toolchain_lines(recipes: Recipes) -> list[str]:
+    """The C toolchain (components.toml ``[toolchain]``), resolved from the PyPI index like vLLM's own
+    requirements: pinned in the pylock and installed by the site stage like every other wheel."""
+    return ["# the C toolchain Triton compiles with at run time (components.toml [toolchain])", recipes.toolchain.c]
 
 
 def _resolve_hosts(

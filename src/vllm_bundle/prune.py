@@ -3,7 +3,7 @@
 Patterns are matched with fnmatch against paths relative to the bundle root, so ``*`` also matches
 across ``/`` (``*/__pycache__`` matches at any depth). A file is dropped when it, or a directory
 above it, matches a drop pattern, unless the file (or a directory above it) matches a keep pattern:
-hidden device code (``.kpack``) and the versioned ``clang-NN`` that Triton execs are never lost to
+hidden device code (``.kpack``), the SDK's versioned ``clang-NN`` and the C toolchain are never lost to
 a broad drop rule.
 """
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import RecipeError, UnknownTargetError
@@ -33,6 +35,10 @@ LAUNCHER_FILE = "launcher.toml"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+=@%-]*$")
 LAYOUTS = ("multi-arch", "per-family")
+#: ``python.platform``: a manylinux platform as uv's --python-platform spells it (``x86_64-manylinux_2_35``).
+MANYLINUX_PLATFORM = re.compile(r"^(?P<arch>x86_64|aarch64)-manylinux_(?P<major>[0-9]+)_(?P<minor>[0-9]+)$")
+#: The one C toolchain the bundle knows how to run (the cc wrapper execs ``ziglang/zig cc``).
+TOOLCHAIN_PROJECT = "ziglang"
 
 T = TypeVar("T")
 
@@ -95,6 +101,36 @@ class PythonRecipe:
     @property
     def asset(self) -> str:
         return f"cpython-{self.version}+{self.release}-{self.triple}-{self.flavor}.tar.gz"
+
+    @property
+    def arch(self) -> str:
+        """The CPU of ``platform`` (``x86_64``)."""
+        return self._platform()["arch"]
+
+    @property
+    def glibc(self) -> str:
+        """The oldest glibc the bundle runs on: the manylinux floor its wheels are resolved for
+        (``x86_64-manylinux_2_35`` -> ``2.35``, PEP 600's ``manylinux_<major>_<minor>``)."""
+        found = self._platform()
+        return f"{found['major']}.{found['minor']}"
+
+    def _platform(self) -> re.Match[str]:
+        found = MANYLINUX_PLATFORM.match(self.platform)
+        if found is None:  # _parse_python refuses such a recipe; a hand-made PythonRecipe may hold one
+            raise RecipeError(
+                f"bad recipe {COMPONENTS_FILE}: python.platform {self.platform!r} is no manylinux platform"
+            )
+        return found
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """``[toolchain]``: the C compiler every bundle carries, because Triton compiles C at first GPU use
+    with ``$CC`` (triton-lang/triton python/triton/runtime/build.py ``_build``) and a host may have no
+    libc headers, crt objects or linker. ``c`` is one exact pin of ziglang (PyPI), resolved and hashed by
+    the lock with the other wheels; the bundle's ``libexec/vllm-bundle/cc`` runs its ``zig cc``."""
+
+    c: str  # e.g. "ziglang==0.17.1"
 
 
 @dataclass(frozen=True)
@@ -187,6 +223,7 @@ class Recipes:
     vllm: VllmRecipe
     raw: Mapping[str, Mapping[str, Any]]  # file name -> parsed TOML, for hashing
     launcher_defaults: Mapping[str, str]  # launcher.toml: variables bin/vllm-server sets unless the caller has
+    toolchain: Toolchain
 
     def target(self, name: str) -> Target:
         if name not in self.targets:
@@ -348,13 +385,40 @@ def _parse_python(doc: Table) -> PythonRecipe:
     release = python.text("release")
     if not (release.isdigit() and len(release) == 8):
         raise python.fail("release", "a python-build-standalone release date YYYYMMDD")
+    platform = python.text("platform")
+    if not MANYLINUX_PLATFORM.match(platform):
+        raise python.fail("platform", "a manylinux platform such as 'x86_64-manylinux_2_35'")
     return PythonRecipe(
         version=version,
         release=release,
         triple=python.text("triple"),
         flavor=python.text("flavor"),
-        platform=python.text("platform"),
+        platform=platform,
     )
+
+
+def _parse_toolchain(doc: Table) -> Toolchain:
+    """``[toolchain] c``: one exact pin of ziglang, nothing else (no markers, extras or ranges): the
+    compiler a bundle ships is a recipe decision, never what a re-lock happens to find."""
+    table = doc.table("toolchain")
+    line = table.text("c")
+    expected = f"an exact pin of {TOOLCHAIN_PROJECT} such as '{TOOLCHAIN_PROJECT}==0.17.1'"
+    try:
+        requirement = Requirement(line)
+    except InvalidRequirement:
+        raise table.fail("c", expected) from None
+    specifiers = list(requirement.specifier)
+    if (
+        canonicalize_name(requirement.name) != TOOLCHAIN_PROJECT
+        or requirement.marker is not None
+        or requirement.extras
+        or requirement.url
+        or len(specifiers) != 1
+        or specifiers[0].operator != "=="
+        or "*" in specifiers[0].version
+    ):
+        raise table.fail("c", expected)
+    return Toolchain(line)
 
 
 def _parse_attention(vllm: Table) -> tuple[AttentionRule, ...]:
@@ -461,4 +525,5 @@ def load_recipes(root: Path) -> Recipes:
         ),
         raw=raw,
         launcher_defaults=load_launcher_defaults(root),
+        toolchain=_parse_toolchain(components),
     )

@@ -42,6 +42,7 @@ from vllm_bundle.facts import IndexFacts
 
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
+from .real_wheels import RealWheels
 from .therock import FACTS, MULTI_ARCH, NEXT
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
@@ -83,6 +84,18 @@ int __hipPushCallConfiguration(void) { return 0; }
 int __hipPopCallConfiguration(void) { return 0; }
 int hipLaunchKernel(void) { return 0; }
 """
+# What Triton's hip_utils (triton/backends/amd/driver.c initSymbolTable, checkDriverVersion) dlsym()s at
+# import: the runtime's version (HIP 7.14 as major * 10^7 + minor * 10^5) and every other entry point
+# through hipGetProcAddress; each entry of the fake answers an error, as a runtime with no GPU does.
+HIP_DRIVER_API = """
+static int hip_no_device(void) { return 100; /* hipErrorNoDevice */ }
+int hipDriverGetVersion(int *version) { *version = 71400000; return 0; }
+int hipGetProcAddress(const char *symbol, void **fn, int version, unsigned long flags, int *status) {
+    *fn = (void *)hip_no_device;
+    if (status) *status = 0;
+    return 0;
+}
+"""
 
 
 @dataclass
@@ -112,7 +125,7 @@ def _elf_chain(work: Path) -> dict[str, Path]:
     libs["hip"] = compile_shared(
         work / "libamdhip64.so.7",
         "libamdhip64.so.7",
-        "int comgr(void);\nint hip(void) { return comgr() + 4; }\n" + HIP_REGISTRATION,
+        "int comgr(void);\nint hip(void) { return comgr() + 4; }\n" + HIP_REGISTRATION + HIP_DRIVER_API,
         needed=(libs["comgr"],),
         rpath="$ORIGIN",
     )
@@ -541,10 +554,13 @@ def write_index(fx: Fixture) -> None:
         (base / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}\n</body></html>\n")
 
 
-def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
-    """Make every artifact under ``root``; ``cache`` keeps the slow-to-make CPython tarball between runs."""
+def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fixture:
+    """Make every artifact under ``root``; ``real``: what comes from real upstream wheels (the real ziglang,
+    served; Triton's AMD C sources, in the fixture's triton); ``cache`` keeps the slow-to-make CPython
+    tarball between runs."""
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
+    libs["triton-amd"] = real.triton_amd  # a directory: the real triton/backends/amd/{driver.c,include/}
     _python_tarball(fx, cache)
     _triton_kernels_archive(fx.releases)
     files = root / "files"
@@ -555,12 +571,23 @@ def build_fixture(root: Path, cache: Path | None = None) -> Fixture:
             if index.owner_pages:
                 fx.serve(owner_index(where, index, owner), paths)
     fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
-    fx.serve(PYPI, [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)])
+    served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)]
+    fx.serve(PYPI, [*served, _hard_link(real.ziglang, files)])
     write_index(fx)
     flat_mirror(fx)
     statuses = {f"/{where}/": facts.missing_project for where in fx.indexes if (facts := _index_facts(where))}
     (root / "missing-status.json").write_text(json.dumps(statuses))
     return fx
+
+
+def _hard_link(path: Path, where: Path) -> Path:
+    """``path`` under ``where`` with its own name, without copying where the file system allows."""
+    linked = where / path.name
+    try:
+        linked.hardlink_to(path)
+    except OSError:
+        shutil.copyfile(path, linked)
+    return linked
 
 
 def flat_mirror(fx: Fixture) -> None:

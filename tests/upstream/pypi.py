@@ -11,6 +11,8 @@ the pipeline (UPSTREAM-FACTS.md):
 - vLLM's build tools: ``cmake`` (its console script runs fake_cmake.py, standing in for the CMake binary
   PyPI's wheel carries), ``ninja`` and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt),
   ninja also at run time (requirements/common.txt);
+- ziglang, the C toolchain of components.toml's ``[toolchain]``: the real 0.17.1 wheel (real_wheels.py,
+  served by the fixture) and a small stand-in the shared test recipes pin (``ziglang_stand_in``);
 - the CUDA builds a ROCm closure meets on PyPI, from facts.toml ([[pypi]]): torchvision 0.27.0 built for
   CUDA 13 (what timm pulls in unless the torch family comes from TheRock), torch-c-dlpack-ext's ``-cuda``
   add-ons (through tilelang), each ``.so`` a real ELF with the DT_NEEDED and RPATH the real one has.
@@ -49,6 +51,47 @@ def ninja():
         raise SystemExit(0)
     raise SystemExit("ninja (fixture): the fixture's cmake builds without it")
 """
+
+
+#: The stand-in for PyPI's ziglang that the shared test recipes pin (conftest.copy_recipes): the real 0.17.1
+#: wheel (served too, real_wheels.py) adds ~411 MB installed to each bundle, and the suite builds ~25.
+#: It has the real wheel's layout (ziglang/__init__.py, __main__.py, an executable ziglang/zig, the
+#: python-zig console script); its zig checks what the bundle's cc wrapper passes and compiles nothing
+#: itself: it hands the rest to this machine's cc (tier 0 builds a C extension with every bundle's CC).
+#: tests/test_toolchain.py proves a bundle with the real zig.
+ZIGLANG_STAND_IN = "0.0.1"
+ZIGLANG_TAG = "py3-none-manylinux_2_12_x86_64.manylinux2010_x86_64.musllinux_1_1_x86_64"  # the real wheel's
+STAND_IN_ZIG = b"""#!/bin/sh
+# stand-in zig (vllm-bundle tests): `zig cc -target <arch>-linux-gnu.<glibc> ARGS` as the bundle's cc
+# wrapper runs it, compiled by this machine's cc; anything else is refused.
+set -eu
+if [ "${1:-}" != cc ] || [ "${2:-}" != -target ]; then
+    echo "stand-in zig: not a compiler (only 'zig cc -target <triple> ...', for tests)" >&2
+    exit 1
+fi
+case ${3:-} in
+    *-linux-gnu.[0-9]*.[0-9]*) ;;
+    *) echo "stand-in zig: unexpected target '${3:-}'" >&2; exit 1 ;;
+esac
+# zig writes its global cache first: a wrapper that gives none, or an unwritable one, fails here as there.
+mkdir -p "${ZIG_GLOBAL_CACHE_DIR:?stand-in zig: no ZIG_GLOBAL_CACHE_DIR}"
+shift 3
+exec cc "$@"
+"""
+ZIGLANG_MAIN = b"""import os, sys
+argv = [os.path.join(os.path.dirname(__file__), "zig"), *sys.argv[1:]]
+os.execv(argv[0], argv)
+
+def dummy(): "The python-zig entry point; zig runs as a side effect of the import (as in ziglang's own)."
+"""
+
+
+def ziglang_stand_in(files: Path) -> Path:
+    contents = {"ziglang/__init__.py": b"", "ziglang/__main__.py": ZIGLANG_MAIN, "ziglang/zig": STAND_IN_ZIG}
+    scripts = {"console_scripts": {"python-zig": "ziglang.__main__:dummy"}}
+    return make_wheel(
+        files, "ziglang", ZIGLANG_STAND_IN, ZIGLANG_TAG, contents, entry_points=scripts, executables=("ziglang/zig",)
+    )
 
 
 def _native_libraries(work: Path) -> dict[str, Path]:
@@ -172,5 +215,6 @@ def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
             {"ninja/__init__.py": NINJA},
             entry_points={"console_scripts": {"ninja": "ninja:ninja"}},
         ),
+        ziglang_stand_in(files),
     ]
     return wheels

@@ -28,7 +28,9 @@ REGISTRY_BINARIES = ("docker-registry", "registry")
 INSTALL_HINT = "install Debian's docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)"
 BASE_REPOSITORY = "ubi10/ubi-minimal"  # recipes/image.toml's base, with the registry host mirrored
 BASE_TAG = "latest"
-TOOLS = ("/bin/sh", "/usr/bin/dirname", "/usr/bin/readlink", "/usr/bin/env")
+# What the launcher and the bundle's cc wrapper run (id: the wrapper's per-user cache directory); UBI
+# minimal has them all (coreutils-single).
+TOOLS = ("/bin/sh", "/usr/bin/dirname", "/usr/bin/readlink", "/usr/bin/env", "/usr/bin/id")
 
 
 def require_tools() -> tuple[str, str]:
@@ -171,6 +173,14 @@ def _base_layer(bundle_root: Path) -> bytes:
             _add_link(tar, top, f"usr/{top}")
         _add(tar, "etc/os-release", b'NAME="fake UBI for vllm-bundle tests"\nID=fake\n', 0o644)
     return buffer.getvalue()
+
+
+def base_rootfs(dest: Path, bundle_root: Path) -> Path:
+    """The amd64 base's file system, unpacked into ``dest`` (a chroot with no compiler, libc headers,
+    crt objects or linker: only the tools above and the system libraries the bundle loads)."""
+    with tarfile.open(fileobj=io.BytesIO(_base_layer(bundle_root))) as tar:
+        tar.extractall(dest, filter="tar")
+    return dest
 
 
 def _blob(layout: Path, data: bytes) -> dict[str, object]:

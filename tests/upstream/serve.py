@@ -15,8 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import TEST_CACHE, TEST_REPO, bundle_args, copy_recipes, lock_against, run_cli
-from tests.upstream.fixture import build_fixture
+from tests.conftest import TEST_CACHE, TEST_DOWNLOADS, TEST_REPO, bundle_args, copy_recipes, lock_against, run_cli
+from tests.upstream.fixture import CP, build_fixture
+from tests.upstream.real_wheels import real_wheels
 from tests.upstream.registry import RegistryServer, push_base, write_base_layout
 from tests.upstream.server import UpstreamServer
 
@@ -25,7 +26,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path, help="an empty work directory")
     work = parser.parse_args().dir.resolve()
-    fixture = build_fixture(work / "upstream", cache=TEST_CACHE / "fixture")
+    real = real_wheels(TEST_DOWNLOADS, CP, work / "real")
+    fixture = build_fixture(work / "upstream", real, cache=TEST_CACHE / "fixture")
     upstream = UpstreamServer(fixture.root).start()
     registry = RegistryServer(work / "registry").start()
     try:

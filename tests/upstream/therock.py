@@ -339,8 +339,10 @@ def _built_contents(name: str, values: Mapping[str, str], libs: dict[str, Path],
             "torchvision/__init__.py": f"__version__ = {values['torchvision']!r}\n".encode(),
             "torchvision/_C.so": libs["vision"],
         }
-    if name == "triton":
-        return {"triton/__init__.py": b"__version__ = '3.7.1'\n", "triton/_C/libtriton.so": libs["triton"]}
+    if name == "triton":  # with the real AMD backend's C source and headers (real_wheels.py)
+        amd = libs["triton-amd"]
+        real = {f"triton/backends/amd/{p.relative_to(amd)}": p for p in sorted(amd.rglob("*")) if p.is_file()}
+        return {"triton/__init__.py": b"__version__ = '3.7.1'\n", "triton/_C/libtriton.so": libs["triton"], **real}
     return {}
 
 

@@ -1,0 +1,76 @@
+"""The bundle's C toolchain: ``libexec/vllm-bundle/cc``, the one-word ``CC`` Triton runs at first GPU use.
+
+Triton's AMD backend compiles ``driver.c`` into ``hip_utils`` (Triton <= 3.6 also a per-signature
+launcher) with ``[$CC, src, -O3, -shared, -fPIC, -Wno-psabi, -o, so, -I...]``
+(triton-lang/triton python/triton/runtime/build.py ``_build``): that needs libc headers, crt objects
+and a linker, which UBI minimal and many hosts lack. The bundle carries PyPI's ziglang (components.toml
+``[toolchain]``, installed like every locked wheel) and this sh wrapper around its ``zig cc``: ``CC``
+must be one executable path, zig needs a writable cache directory, and ``-target`` pins the glibc the
+bundle's wheels were resolved for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+
+from vllm_bundle.recipes import PythonRecipe
+
+#: The wrapper, relative to the bundle root: not under bin/, so that a bin/ put on PATH shadows no
+#: host ``cc``.
+WRAPPER = "libexec/vllm-bundle/cc"
+#: zig in the ziglang wheel, relative to site-packages.
+ZIG = "ziglang/zig"
+TEMPLATE = "cc.sh"
+#: The line of the rendered wrapper that names zig (tier 0 reads it back).
+ZIG_LINE = re.compile(r'^zig="\$root/(?P<path>[^"]+)"$', re.MULTILINE)
+
+
+def wrapper_template() -> str:
+    return resources.files("vllm_bundle").joinpath("templates", TEMPLATE).read_text()
+
+
+def zig_target(python: PythonRecipe) -> str:
+    """zig's target triple for the bundle: its CPU, Linux, glibc at the manylinux floor of its wheels
+    (``x86_64-manylinux_2_35`` -> ``x86_64-linux-gnu.2.35``): what the compiled module links against then
+    exists on every host the bundle's own wheels load on."""
+    return f"{python.arch}-linux-gnu.{python.glibc}"
+
+
+def render_wrapper(python_minor: str, target: str) -> str:
+    values = {"@PYTHON_MINOR@": python_minor, "@ZIG@": ZIG, "@ZIG_TARGET@": target}
+    text = wrapper_template()
+    for key, value in values.items():
+        text = text.replace(key, value)
+    return text
+
+
+def write_wrapper(root: Path, text: str) -> Path:
+    path = root / WRAPPER
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def named_zig(root: Path) -> str | None:
+    """The zig the bundle's wrapper runs, relative to the bundle root (None when it names none)."""
+    found = ZIG_LINE.search((root / WRAPPER).read_text(errors="replace"))
+    return found["path"] if found else None
+
+
+def toolchain_problems(root: Path) -> list[str]:
+    """What keeps ``CC`` from working in the bundle at ``root``: the wrapper missing or not executable,
+    or the zig it names missing or not executable."""
+    wrapper = root / WRAPPER
+    if not wrapper.is_file():
+        return [f"{WRAPPER} (the CC Triton runs) is missing"]
+    problems = [] if os.access(wrapper, os.X_OK) else [f"{WRAPPER} is not executable"]
+    zig = named_zig(root)
+    if zig is None:
+        problems.append(f"{WRAPPER} names no zig")
+    elif not (root / zig).is_file() or not os.access(root / zig, os.X_OK):
+        problems.append(f"{zig}, which {WRAPPER} runs, is missing or not executable (the [toolchain] wheel)")
+    return problems
