@@ -99,9 +99,10 @@ def test_tier1_failures_are_named(gfx1151: Any, probe: dict[str, Any], check: st
     assert any(cause in problem for problem in failed[check]), failed[check]
 
 
-def test_probe_runs_in_the_real_fixture_bundle(built: Path, gfx1151: Any) -> None:
+def test_probe_runs_in_the_real_fixture_bundle(built: Path, gfx1151: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """On this machine (no GPU) the real probe runs: vLLM's HIP extensions load (against the fake HIP
     runtime), and tier 1 refuses because no GPU is visible, naming why."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")  # the shared fixture bundle's tree stays as built
     probe = run_probe(Layout(built / "gfx1151" / "root", PYTHON_MINOR), timeout=120)
     assert "probe_error" not in probe, probe
     assert sorted(probe["extensions"]) == sorted(f"vllm.{name}" for name in RULE.names), probe

@@ -34,6 +34,9 @@ ORPHAN_SERVER = Path(__file__).with_name("orphan_server.py")
 REPORT_ARGV = Path(__file__).with_name("report_argv.py")
 RECIPES = load_recipes(REPO / "recipes")
 GIB = 2**30
+#: The bundle is the session's shared fixture: its interpreter must not write bytecode into it (other
+#: tests compare its tree).
+NO_PYC = {"PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def launcher_root(built: Path, root: Path, script: Path) -> Path:
@@ -70,7 +73,7 @@ def serve(launcher: Path, *args: str, host: Path, env: dict[str, str] | None = N
     """The arguments vLLM would get, and the launcher's own stderr lines."""
     result = subprocess.run(
         [str(launcher), *args],
-        env={"PATH": os.environ["PATH"], HOST_ROOT_VARIABLE: str(host), **(env or {})},
+        env={"PATH": os.environ["PATH"], HOST_ROOT_VARIABLE: str(host), **NO_PYC, **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -243,7 +246,7 @@ def test_a_sigkilled_server_leaves_no_process_behind(
     launcher = launcher_root(built, tmp_path / "bundle", ORPHAN_SERVER)
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    env = {"PATH": os.environ["PATH"], HOST_ROOT_VARIABLE: str(HOSTS / "no-gpu")}
+    env = {"PATH": os.environ["PATH"], HOST_ROOT_VARIABLE: str(HOSTS / "no-gpu"), **NO_PYC}
     server = subprocess.Popen([str(launcher), str(pids_dir), method], env=env)
     pids = _wait_for_pids(pids_dir, ROLES)
     reaped.extend(pids.values())
@@ -262,7 +265,7 @@ def test_without_the_runtime_the_same_tree_outlives_the_server(built: Path, tmp_
     python = built / "gfx1151" / "root" / "bin" / f"python{PYTHON_MINOR}"
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    env = {key: value for key, value in os.environ.items() if key != VARIABLE}
+    env = {**{key: value for key, value in os.environ.items() if key != VARIABLE}, **NO_PYC}
     server = subprocess.Popen([str(python), "-P", str(ORPHAN_SERVER), str(pids_dir), "spawn"], env=env)
     pids = _wait_for_pids(pids_dir, ROLES)
     reaped.extend(pids.values())

@@ -433,14 +433,17 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
     command += ["--cache-dir", str(tmp_path / "cache"), "--mirror", f"{upstream.url}/mirror/", "-j", "4"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     partials = tmp_path / "cache" / "partial"
+    seen: dict[str, int] = {}
 
     def downloading() -> bool:
         for partial in partials.glob("*.part") if partials.is_dir() else []:
             try:
-                if partial.stat().st_size > 200_000:
-                    return True
+                size = partial.stat().st_size
             except FileNotFoundError:  # finished (renamed into the cache) since the glob
                 continue
+            if size > 200_000:
+                seen[partial.name] = size
+                return True
         return False
 
     seconds = _interrupt_when(process, downloading)
@@ -448,7 +451,8 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
     assert seconds < 2, f"Ctrl-C took {seconds:.1f} s"
     assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     kept = {p.name: p.stat().st_size for p in partials.glob("*.part")}
-    assert kept and all(size > 0 for size in kept.values()), "partial files kept"
+    # What had arrived is kept (a download that had only opened its file at the signal may keep 0 bytes).
+    assert all(kept.get(name, 0) >= size for name, size in seen.items()), (seen, kept)
     upstream.reset()
     again = run_cli(*command[3:], timeout=300)
     assert again.returncode == 0, again.stderr
