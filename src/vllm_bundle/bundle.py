@@ -31,6 +31,7 @@ from vllm_bundle.python_stage import python_stage
 from vllm_bundle.qualify import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Recipes
 from vllm_bundle.release import ReleaseOptions, release_stage, source_date
+from vllm_bundle.scripts import SCRIPT_DIR
 from vllm_bundle.stage import StageResult, check_stage_names, stage_key
 from vllm_bundle.toolchain import wrapper_template, zig_target
 from vllm_bundle.triton_kernels import ROLE as TRITON_KERNELS
@@ -150,7 +151,9 @@ def build_bundle(
     begin("app")
     app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
     template = stage_key(
-        "launcher-template", 3, {"text": template_text(), "runtime": runtime_files(), "cc": wrapper_template()}
+        "launcher-template",
+        3,
+        {"text": template_text(), "runtime": runtime_files(), "cc": wrapper_template(), "script-dir": SCRIPT_DIR},
     )
     begin("root")
     root = step(

@@ -14,6 +14,7 @@ from pathlib import Path
 from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.runtime import PACKAGE as RUNTIME_PACKAGE
 from vllm_bundle.runtime.orphans import VARIABLE as ORPHANS_VARIABLE
+from vllm_bundle.scripts import fill, read_template
 from vllm_bundle.toolchain import WRAPPER
 
 TEMPLATE = "vllm-server.sh"
@@ -46,7 +47,7 @@ def detect_target(root: Path) -> str | None:
 
 
 def template_text() -> str:
-    return resources.files("vllm_bundle").joinpath("templates", TEMPLATE).read_text()
+    return read_template(TEMPLATE)
 
 
 def runtime_files() -> dict[str, str]:
@@ -100,7 +101,4 @@ def render_launcher(
             f': "${{{name}={value}}}"\nexport {name}' for name, value in (defaults or {}).items()
         ),
     }
-    text = template_text()
-    for key, value in values.items():
-        text = text.replace(key, value)
-    return text
+    return fill(template_text(), values)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-from importlib import resources
 from pathlib import Path
 
 from vllm_bundle.recipes import PythonRecipe
+from vllm_bundle.scripts import fill, read_template
 
 #: The wrapper, relative to the bundle root: not under bin/, so that a bin/ put on PATH shadows no
 #: host ``cc``.
@@ -29,7 +29,7 @@ ZIG_LINE = re.compile(r'^zig="\$root/(?P<path>[^"]+)"$', re.MULTILINE)
 
 
 def wrapper_template() -> str:
-    return resources.files("vllm_bundle").joinpath("templates", TEMPLATE).read_text()
+    return read_template(TEMPLATE)
 
 
 def zig_target(python: PythonRecipe) -> str:
@@ -41,10 +41,7 @@ def zig_target(python: PythonRecipe) -> str:
 
 def render_wrapper(python_minor: str, target: str) -> str:
     values = {"@PYTHON_MINOR@": python_minor, "@ZIG@": ZIG, "@ZIG_TARGET@": target}
-    text = wrapper_template()
-    for key, value in values.items():
-        text = text.replace(key, value)
-    return text
+    return fill(wrapper_template(), values)
 
 
 def write_wrapper(root: Path, text: str) -> Path:

@@ -5,17 +5,9 @@
 set -eu
 @PYTHON_ONLY_WARNING@
 
-# The bundle root, through symlinks to this script and paths with spaces.
-self=$0
-while [ -L "$self" ]; do
-    link=$(readlink -- "$self")
-    case $link in
-        /*) self=$link ;;
-        *) self=$(dirname -- "$self")/$link ;;
-    esac
-done
-bin_dir=$(CDPATH= cd -- "$(dirname -- "$self")" && pwd -P)
-root=$(dirname -- "$bin_dir")
+# The bundle root: the folder above this script's.
+@SCRIPT_DIR@
+root=$(dirname -- "$here")
 site="$root/lib/python@PYTHON_MINOR@/site-packages"
 
 # The ROCm SDK's and torch's shared libraries; a caller's own path comes after ours.
