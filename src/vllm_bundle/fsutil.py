@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,3 +22,13 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A ``copytree`` copy function: a hard link where ``dst`` is on ``src``'s file system, else a copy.
+    For scratch copies that nothing edits in place (a new file, or one replaced by rename, leaves the
+    original as it was): copying a bundle of several GB only to import from it costs minutes."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

@@ -34,6 +34,7 @@ from vllm_bundle.assemble import Layout, library_dirs
 from vllm_bundle.elf import dynamic_info, is_elf
 from vllm_bundle.errors import BundleError, RecipeError
 from vllm_bundle.extract import symlink_problems
+from vllm_bundle.fsutil import link_or_copy
 from vllm_bundle.install import extract_parts
 from vllm_bundle.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
@@ -393,7 +394,7 @@ def check_size(layout: Layout, target: Target) -> CheckResult:
 def check_relocated_smoke(layout: Layout, rules: QualifyRules) -> CheckResult:
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-smoke-") as tmp:
         moved = Path(tmp) / "moved bundle"
-        shutil.copytree(layout.root, moved, symlinks=True)
+        shutil.copytree(layout.root, moved, symlinks=True, copy_function=link_or_copy)
         there = Layout(moved, layout.minor)
         env = {"LD_LIBRARY_PATH": ":".join(str(there.site / d) for d in library_dirs(there)), "PYTHONNOUSERSITE": "1"}
         code = "; ".join(f"import {module}" for module in rules.smoke_imports)
