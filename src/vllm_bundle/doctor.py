@@ -96,10 +96,7 @@ def diagnose(
 ) -> list[Finding]:
     """Every check for HIP device 0 under ``root``. ``target``: the bundle to run (None: whichever
     serves the GPU); ``utilization``: the caller's ``--gpu-memory-utilization`` (None: the launcher's)."""
-    try:
-        gpus = amdgpu.gpu_nodes(root)
-    except ValueError as err:  # a properties file that is not text (gpu_nodes catches OSError only)
-        return [Finding("gpu", "block", f"cannot read the KFD topology under {root / amdgpu.KFD_NODES}: {err}")]
+    gpus = amdgpu.gpu_nodes(root)  # a node whose properties cannot be read is no GPU node
     if not gpus:
         return [_no_gpu(root, targets)]
     index = amdgpu.visible_index(environ)
@@ -186,7 +183,7 @@ def _isa(gpu: amdgpu.GpuNode) -> str | None:
 def _is_apu(root: Path, gpu: amdgpu.GpuNode) -> bool | None:
     try:
         return amdgpu.is_apu(root, gpu)
-    except (amdgpu.Unreadable, OSError):  # OSError: a render minor too long for a file name
+    except amdgpu.Unreadable:  # e.g. a render minor too long for a file name
         return None
 
 
@@ -349,7 +346,7 @@ def _ownership(path: Path) -> str:
 def _memory_check(root: Path, gpu: amdgpu.GpuNode, utilization: float | None) -> Finding:
     try:
         pool = amdgpu.memory_pool(root, gpu)
-    except (amdgpu.Unreadable, OSError) as err:
+    except amdgpu.Unreadable as err:
         return Finding("memory", "warn", f"cannot read HIP device 0's memory ({err}); vLLM checks it at start")
     if pool.total <= 0:
         return Finding("memory", "warn", "HIP device 0 reports no memory; vLLM checks it at start")
