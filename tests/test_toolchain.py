@@ -220,6 +220,8 @@ def test_tier0_checks_the_wrapper_and_the_zig_it_runs(root: Path) -> None:
         f"{WRAPPER} is not executable",
         f"{SITE}/{ZIG}, which {WRAPPER} runs, is missing or not executable (the [toolchain] wheel)",
     ]
+    (root / WRAPPER).write_text((root / WRAPPER).read_text().replace(f" -target {TARGET}", ""))
+    assert check_toolchain(Layout(root, PYTHON_MINOR)).problems[-1] == f"{WRAPPER} runs zig cc without -target"
 
 
 @pytest.fixture

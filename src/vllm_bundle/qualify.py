@@ -41,7 +41,7 @@ from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.records import read_record, records, resolve, verify_records
 from vllm_bundle.relocate import files_mentioning, regular_files
 from vllm_bundle.stage import StageResult, run_stage
-from vllm_bundle.toolchain import WRAPPER, named_zig, toolchain_problems
+from vllm_bundle.toolchain import WRAPPER, named_target, named_zig, toolchain_problems
 from vllm_bundle.vllm_extensions import extension_problems, find_in_tree
 
 QUALIFY_FILE = "qualify.toml"
@@ -326,9 +326,7 @@ def check_toolchain(layout: Layout) -> CheckResult:
     problems = toolchain_problems(layout.root)
     summary = f"{WRAPPER} (the launcher's CC) executable"
     if not problems:
-        text = (layout.root / WRAPPER).read_text(errors="replace")
-        target = text.rsplit(" cc -target ", 1)[-1].split()[0] if " cc -target " in text else "?"
-        summary += f"; the zig it runs ({named_zig(layout.root)} cc -target {target}) present"
+        summary += f"; the zig it runs ({named_zig(layout.root)} cc -target {named_target(layout.root)}) present"
     return CheckResult("c-toolchain", not problems, summary, problems)
 
 

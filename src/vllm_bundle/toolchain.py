@@ -26,6 +26,8 @@ ZIG = "ziglang/zig"
 TEMPLATE = "cc.sh"
 #: The line of the rendered wrapper that names zig (tier 0 reads it back).
 ZIG_LINE = re.compile(r'^zig="\$root/(?P<path>[^"]+)"$', re.MULTILINE)
+#: The line that runs it, and the target it compiles for.
+TARGET_LINE = re.compile(r'^exec "\$zig" cc -target (?P<target>\S+) "\$@"$', re.MULTILINE)
 
 
 def wrapper_template() -> str:
@@ -58,9 +60,15 @@ def named_zig(root: Path) -> str | None:
     return found["path"] if found else None
 
 
+def named_target(root: Path) -> str | None:
+    """The target the bundle's wrapper compiles for (None when it names none)."""
+    found = TARGET_LINE.search((root / WRAPPER).read_text(errors="replace"))
+    return found["target"] if found else None
+
+
 def toolchain_problems(root: Path) -> list[str]:
     """What keeps ``CC`` from working in the bundle at ``root``: the wrapper missing or not executable,
-    or the zig it names missing or not executable."""
+    the zig it names missing or not executable, or no glibc target given."""
     wrapper = root / WRAPPER
     if not wrapper.is_file():
         return [f"{WRAPPER} (the CC Triton runs) is missing"]
@@ -70,4 +78,6 @@ def toolchain_problems(root: Path) -> list[str]:
         problems.append(f"{WRAPPER} names no zig")
     elif not (root / zig).is_file() or not os.access(root / zig, os.X_OK):
         problems.append(f"{zig}, which {WRAPPER} runs, is missing or not executable (the [toolchain] wheel)")
+    if named_target(root) is None:  # zig would build for this host's glibc, not the bundle's floor
+        problems.append(f"{WRAPPER} runs zig cc without -target")
     return problems
