@@ -23,13 +23,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from zlib_ng import gzip_ng_threaded
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import BundleError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, part_name
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRead
 
 #: Part of the archive format: changing it changes every archive's bytes. Eight workers saturate
 #: the single-threaded tar writer that feeds them; on fewer cores they cost nothing measurable.
@@ -197,6 +200,32 @@ class InterruptibleReader:
         return self._handle.read(size)
 
 
+class StreamTar(tarfile.TarFile):
+    """A tar read or written once, front to back (``r|gz``, ``w|``), that keeps no list of its entries:
+    tarfile appends each one it reads or writes to ``members`` (for ``getmembers()``, which a stream
+    never calls), and a bundle's hundreds of thousands of files would grow that with their count."""
+
+    members: list[tarfile.TarInfo]  # tarfile's own list (typeshed leaves it out)
+
+    def next(self) -> tarfile.TarInfo | None:
+        member = super().next()
+        self.members.clear()  # iteration asks next() for each entry once the list is empty
+        return member
+
+    def addfile(self, tarinfo: tarfile.TarInfo, fileobj: SupportsRead[bytes] | None = None) -> None:
+        super().addfile(tarinfo, fileobj)
+        self.members.clear()
+
+
+def add_entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path, interrupted: threading.Event) -> None:
+    """Write one entry, a regular file's bytes streamed from ``path``, stopping between reads on ^C."""
+    if info.isreg():
+        with path.open("rb") as handle:
+            tar.addfile(info, InterruptibleReader(handle, interrupted))
+    else:
+        tar.addfile(info)
+
+
 def write_archive(
     root: Path,
     out_dir: Path,
@@ -220,17 +249,12 @@ def write_archive(
         with (
             interrupt_between_reads() as interrupted,
             gzip_ng_threaded.open(writer, "wb", compresslevel=level, threads=COMPRESSION_WORKERS) as gz,  # type: ignore[no-untyped-call]
-            tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
+            StreamTar.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar,
         ):
             for name, path in tree_entries(root):
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                info = tar_entry(name, path, root, source_date, seen)
-                if info.isreg():
-                    with path.open("rb") as handle:
-                        tar.addfile(info, InterruptibleReader(handle, interrupted))
-                else:
-                    tar.addfile(info)
+                add_entry(tar, tar_entry(name, path, root, source_date, seen), path, interrupted)
         parts = writer.finish()
     except BaseException:
         writer.discard()

@@ -32,7 +32,8 @@ from zlib_ng import gzip_ng_threaded
 
 from vllm_bundle.archive import (
     COMPRESSION_WORKERS,
-    InterruptibleReader,
+    StreamTar,
+    add_entry,
     interrupt_between_reads,
     tar_entry,
     tree_entries,
@@ -249,7 +250,7 @@ def write_layer(
             compressed = _Digesting(raw)
             with gzip_ng_threaded.open(compressed, "wb", compresslevel=level, threads=COMPRESSION_WORKERS) as gz:  # type: ignore[no-untyped-call]
                 plain = _Digesting(gz)
-                with tarfile.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+                with StreamTar.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
                     for info in _prefix_dirs(prefix, source_date):
                         tar.addfile(info)
                     for name, path in entries:
@@ -259,11 +260,7 @@ def write_layer(
                         info.name = _in_image(info.name, prefix)
                         if info.islnk():
                             info.linkname = _in_image(info.linkname, prefix)
-                        if info.isreg():
-                            with path.open("rb") as handle:
-                                tar.addfile(info, InterruptibleReader(handle, interrupted))
-                        else:
-                            tar.addfile(info)
+                        add_entry(tar, info, path, interrupted)
         digest = "sha256:" + compressed.digest.hexdigest()
         final = layout.blob_path(digest)
         temp.replace(final)

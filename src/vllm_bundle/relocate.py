@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 from collections.abc import Iterator
@@ -91,15 +90,25 @@ def _origin_relative(path: Path, entry: str, root: Path, build: str) -> str:
     return "$ORIGIN/" + os.path.relpath(target, path.parent)
 
 
+#: How much of a file :func:`mentions` holds at a time.
+SEARCH_BLOCK = 8 * 2**20
+
+
+def mentions(path: Path, needle: bytes) -> bool:
+    """Whether the file holds ``needle``, read a block at a time (each block searched with the tail of
+    the one before it, so a needle across two blocks is found). Not an mmap: the pages of a mapped file
+    count in the process's RSS once read, and a bundle's libraries weigh up to 2 GB each."""
+    tail = b""
+    with path.open("rb") as handle:
+        while block := handle.read(SEARCH_BLOCK):
+            if needle in tail + block[: len(needle) - 1] or needle in block:
+                return True
+            tail = block[-(len(needle) - 1) :] if len(needle) > 1 else b""
+    return False
+
+
 def files_mentioning(root: Path, needle: bytes) -> list[Path]:
-    hits = []
-    for path in regular_files(root):
-        if path.stat().st_size == 0:
-            continue
-        with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            if data.find(needle) != -1:
-                hits.append(path)
-    return hits
+    return [path for path in regular_files(root) if mentions(path, needle)]
 
 
 def check_no_build_paths(root: Path, build_dir: Path) -> None:

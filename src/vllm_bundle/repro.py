@@ -4,8 +4,10 @@ archive member and field."""
 
 from __future__ import annotations
 
+import filecmp
 import functools
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -16,8 +18,9 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from vllm_bundle.archive import StreamTar
 from vllm_bundle.errors import BundleError
 from vllm_bundle.oci import LAYER_NAME, read_layout
 
@@ -33,10 +36,12 @@ def _members(parts: Sequence[Path]) -> Iterator[tuple[tarfile.TarInfo, str]]:
     read, write = os.pipe()
     feeder = subprocess.Popen(["cat", *map(str, parts)], stdout=write)
     os.close(write)
-    with os.fdopen(read, "rb") as stream, tarfile.open(fileobj=stream, mode="r|gz") as archive:
+    with os.fdopen(read, "rb") as stream, StreamTar.open(fileobj=stream, mode="r|gz") as archive:
         for member in archive:
             handle = archive.extractfile(member) if member.isreg() else None
-            digest = hashlib.sha256(handle.read()).hexdigest() if handle else ""
+            digest = (
+                hashlib.file_digest(cast(io.BufferedReader, handle), "sha256").hexdigest() if handle else ""
+            )  # streamed
             yield member, digest
     feeder.wait()
 
@@ -68,7 +73,7 @@ def compare_asset_dirs(first: Path, second: Path) -> list[str]:
         return [f"different assets: {sorted(set(names_a) ^ set(names_b))}"]
     differences = []
     for name in names_a:
-        if (first / name).read_bytes() != (second / name).read_bytes():
+        if not filecmp.cmp(first / name, second / name, shallow=False):  # block by block: parts weigh GBs
             differences.append(name)
     parts_a = sorted(p for p in first.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
     parts_b = sorted(p for p in second.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
