@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,6 +23,8 @@ from filelock import FileLock
 from tests.conftest import REPO, TEST_REPO, assert_one_line_error, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
+from vllm_bundle.extract import safe_extract
+from vllm_bundle.progress import human_size
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -320,6 +324,94 @@ def test_the_installed_root_is_readable_by_everyone(built: Path, tmp_path: Path)
     result = install(built.parent / "bundles" / TAG, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+
+
+def test_a_plain_install_shows_the_extraction_progress(built: Path, tmp_path: Path) -> None:
+    """After the downloads, the extraction has a begin and an end line (its size: the parts' total), as
+    a download has; no line per MiB read in between."""
+    assets = built.parent / "bundles" / TAG
+    total = sum(part.stat().st_size for part in assets.glob(f"{STEM}.part*.tar.gz"))
+    result = install(assets, tmp_path / "vllm", tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stderr.splitlines()
+    about = [number for number, line in enumerate(lines) if f"extract {TAG}" in line]
+    assert [lines[number] for number in about[:1]] == [f"extract {TAG} ({human_size(total)})"], lines
+    assert len(about) == 2 and lines[about[1]].startswith(f"done   extract {TAG} ({human_size(total)} in "), lines
+    downloads = [number for number, line in enumerate(lines) if line.startswith(f"done   {STEM}.part")]
+    assert len(downloads) == int((assets / f"{STEM}.partcount").read_text()), lines
+    assert max(downloads) < about[0], "the extraction comes after every download"
+
+
+def _generated_release(where: Path, directories: int, files: int, parts: int) -> tuple[list[Path], str]:
+    """A release archive of ``directories`` x ``files`` tiny files under a ``./`` of mode 0750, cut into
+    ``parts`` parts; with the whole archive's sha256."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as archive:
+        top = tarfile.TarInfo(".")
+        top.type, top.mode = tarfile.DIRTYPE, 0o750
+        archive.addfile(top)
+        for directory in range(directories):
+            folder = tarfile.TarInfo(f"./pkg{directory}")
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+            archive.addfile(folder)
+            for number in range(files):
+                data = f"x = {number}\n".encode()
+                entry = tarfile.TarInfo(f"./pkg{directory}/mod{number}.py")
+                entry.size, entry.mode = len(data), 0o644
+                archive.addfile(entry, io.BytesIO(data))
+    whole = buffer.getvalue()
+    cut = -(-len(whole) // parts)
+    paths = []
+    for index in range(parts):
+        path = where / f"archive.part{index + 1:02d}-of-{parts:02d}.tar.gz"
+        path.write_bytes(whole[index * cut : (index + 1) * cut])
+        paths.append(path)
+    return paths, hashlib.sha256(whole).hexdigest()
+
+
+def test_extraction_keeps_no_list_of_the_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tarfile keeps every entry it reads in ``members``: a real bundle's hundreds of thousands of files
+    would grow the installer's memory with their count. The list stays (near) empty as entries stream by,
+    and the top directory's mode still reaches the install's root."""
+    import vllm_bundle.install as installer
+
+    paths, digest = _generated_release(tmp_path, directories=20, files=250, parts=3)
+    kept: list[int] = []
+
+    def watched_extract(archive: tarfile.TarFile, dest: Path, source: str, **options: Any) -> int:
+        def select(name: str, member: tarfile.TarInfo) -> bool:
+            kept.append(len(archive.members))  # type: ignore[attr-defined]
+            return True
+
+        return safe_extract(archive, dest, source, select=select, **options)
+
+    monkeypatch.setattr(installer, "safe_extract", watched_extract)
+    dest = tmp_path / "root"
+    installer.extract_parts(paths, dest, "generated", digest)
+    assert len(kept) == 20 + 20 * 250, "every entry went through the extraction"
+    assert max(kept) <= 1, f"tarfile kept up to {max(kept)} entries in memory"
+    assert (dest / "pkg19" / "mod249.py").read_text() == "x = 249\n"
+    assert sum(1 for _ in dest.rglob("*.py")) == 20 * 250
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o750, "the archive's top directory's mode"
+
+
+def test_rich_extraction_progress_stays_out_of_the_download_total(tmp_path: Path) -> None:
+    """On a terminal the extraction has its own bar on the download's display: the total bar counts
+    downloads only."""
+    from rich.console import Console
+
+    from vllm_bundle.install import extract_parts
+    from vllm_bundle.progress import RichReporter
+
+    paths, digest = _generated_release(tmp_path, directories=2, files=10, parts=2)
+    screen = io.StringIO()
+    reporter = RichReporter(Console(file=screen, force_terminal=True, width=120), 1000)
+    with reporter:
+        extract_parts(paths, tmp_path / "root", "generated", digest, reporter)
+        total = reporter.progress.tasks[0]
+        assert total.description == "[bold]total" and total.completed == 0
+        assert len(reporter.progress.tasks) == 1, "the extraction's bar is gone once it is done"
+    assert "done extract generated" in screen.getvalue()
 
 
 def test_an_impossible_destination_fails_at_once(built: Path, tmp_path: Path) -> None:

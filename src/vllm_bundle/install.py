@@ -3,7 +3,7 @@
 From a release (an URL serving its assets, or a directory holding them) or from a
 ``backend_versions.json`` plus a target: read ``<tag>-x64.partcount``, download the parts (resumable,
 parallel, with progress, through the verified cache), check each against the release's checksums,
-extract the concatenated parts safely into a staging directory beside the destination, write
+extract the concatenated parts safely (with progress) into a staging directory beside the destination, write
 ``version.txt`` (the tag, no newline), and swap the staging directory into place. The previous install
 stays untouched until the new one is complete; an install of the tag already present does nothing.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -37,6 +38,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
+from vllm_bundle.archive import StreamTar
 from vllm_bundle.errors import BundleError, DiskFullError, NetworkError
 from vllm_bundle.extract import safe_extract
 from vllm_bundle.fetch import Artifact, Fetcher
@@ -49,6 +51,7 @@ from vllm_bundle.manifests import (
     read_backend_versions,
 )
 from vllm_bundle.paths import default_recipes
+from vllm_bundle.progress import Reporter
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
 from vllm_bundle.validate import sha256_hex
@@ -241,11 +244,12 @@ def _asset_url(release: Release, name: str) -> str:
 
 class _Concatenated(io.RawIOBase):
     """The parts, read one after the other as one stream (what ``cat part*`` gives a shell), hashed as
-    they are read."""
+    they are read; ``progress`` is told the size of every read."""
 
-    def __init__(self, paths: Sequence[Path]) -> None:
+    def __init__(self, paths: Sequence[Path], progress: Callable[[int], None] = lambda count: None) -> None:
         self._paths = list(paths)
         self._handle: io.BufferedReader | None = None
+        self._progress = progress
         self.digest = hashlib.sha256()
 
     def readable(self) -> bool:
@@ -260,6 +264,7 @@ class _Concatenated(io.RawIOBase):
             count = self._handle.readinto(buffer)
             if count:
                 self.digest.update(memoryview(buffer)[:count])
+                self._progress(count)
                 return count
             self._handle.close()
             self._handle = None
@@ -270,35 +275,71 @@ class _Concatenated(io.RawIOBase):
         super().close()
 
 
-def _top_mode(members: Sequence[tarfile.TarInfo]) -> int:
-    """The mode the archive gives its top directory (``./``), as extraction sets every directory's (owner
-    rwx added); 0755 when it has no such entry."""
-    for member in members:
-        if member.isdir() and not [part for part in PurePosixPath(member.name).parts if part != "."]:
-            return member.mode & 0o777 | 0o700
-    return 0o755
+class _Streamed(StreamTar):
+    """The release's tar stream, keeping no list of its entries (:class:`StreamTar`), noting the mode of
+    the archive's top directory (``./``) as it passes, as extraction sets every directory's (owner rwx
+    added); ``None`` until one passes."""
+
+    top_mode: int | None = None
+
+    def next(self) -> tarfile.TarInfo | None:
+        member = super().next()
+        if member is not None and self.top_mode is None and _is_top(member):
+            self.top_mode = member.mode & 0o777 | 0o700
+        return member
 
 
-def extract_parts(parts: Sequence[Path], dest: Path, tag: str, archive_sha256: str | None = None) -> None:
+def _is_top(member: tarfile.TarInfo) -> bool:
+    """The archive's top directory: ``.`` or ``./``."""
+    return member.isdir() and not [part for part in PurePosixPath(member.name).parts if part != "."]
+
+
+@contextmanager
+def _reported(reporter: Reporter | None, label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """One step's progress through ``reporter`` (none: silent), ``total`` bytes: yields what to tell each
+    byte count, and reports the step done or failed."""
+    if reporter is None:
+        yield lambda count: None
+        return
+    reporter.begin(label, label, total, 0, download=False)
+    status = "error"
+    try:
+        yield functools.partial(reporter.advance, label)
+        status = "done"
+    finally:
+        reporter.finish(label, status)
+
+
+def extract_parts(
+    parts: Sequence[Path],
+    dest: Path,
+    tag: str,
+    archive_sha256: str | None = None,
+    reporter: Reporter | None = None,
+) -> None:
     """Extract the archive the parts make up into ``dest`` (see :mod:`vllm_bundle.extract`), give ``dest``
-    the mode of the archive's top directory (other users run the install), and check the whole archive's
-    sha256 against release.json's when it gives one."""
-    raw = _Concatenated(parts)
-    stream = io.BufferedReader(raw, buffer_size=1 << 20)
-    with stream:
-        try:
-            with tarfile.open(fileobj=stream, mode="r|gz") as archive:
-                safe_extract(archive, dest, f"the {tag} release")
-                dest.chmod(_top_mode(archive.getmembers()))  # all read: no further reading
-        except tarfile.TarError as err:
-            raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
-        while stream.read(1 << 20):  # what the tar reader left unread (end blocks, gzip trailer)
-            pass
-    if archive_sha256 is not None and raw.digest.hexdigest() != archive_sha256:
-        raise InstallError(
-            f"the {tag} release's parts put together do not match release.json's archive sha256",
-            "the release is mixed up: install again, or re-publish it",
-        )
+    the mode of the archive's top directory (other users run the install; 0755 when it has no such entry),
+    and check the whole archive's sha256 against release.json's when it gives one. ``reporter`` shows the
+    progress as ``extract <tag>``, in compressed bytes read of the parts' total size. Memory stays flat in
+    the number of entries (:class:`_Streamed`)."""
+    total = sum(part.stat().st_size for part in parts)
+    with _reported(reporter, f"extract {tag}", total) as progress:
+        raw = _Concatenated(parts, progress)
+        stream = io.BufferedReader(raw, buffer_size=1 << 20)
+        with stream:
+            try:
+                with _Streamed.open(fileobj=stream, mode="r|gz") as archive:
+                    safe_extract(archive, dest, f"the {tag} release")
+                    dest.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+            except tarfile.TarError as err:
+                raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
+            while stream.read(1 << 20):  # what the tar reader left unread (end blocks, gzip trailer)
+                pass
+        if archive_sha256 is not None and raw.digest.hexdigest() != archive_sha256:
+            raise InstallError(
+                f"the {tag} release's parts put together do not match release.json's archive sha256",
+                "the release is mixed up: install again, or re-publish it",
+            )
 
 
 def _rename_exchange(first: Path, second: Path) -> bool:
@@ -504,7 +545,8 @@ def _install_locked(
     say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
     fetched = fetcher.fetch_all(artifacts)
     with _staging(dest) as staging:
-        extract_parts([fetched[a.sha256] for a in artifacts], staging, release.tag, release.archive_sha256)
+        parts = [fetched[a.sha256] for a in artifacts]
+        extract_parts(parts, staging, release.tag, release.archive_sha256, fetcher.reporter)  # the download's display
         launcher = staging / "bin" / "vllm-server"
         if not launcher.is_file() or not os.access(launcher, os.X_OK):
             raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")

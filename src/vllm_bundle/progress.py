@@ -1,4 +1,5 @@
-"""Download progress: rich bars (one per file and a total) on a terminal, plain lines otherwise."""
+"""Download progress: rich bars (one per file and a total) on a terminal, plain lines otherwise. A step
+that is not a download (extracting a release) reports through the same calls, with ``download=False``."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ def human_size(size: float) -> str:
 class Reporter(Protocol):
     def __enter__(self) -> Reporter: ...
     def __exit__(self, *exc: object) -> None: ...
-    def begin(self, key: str, label: str, total: int | None, have: int) -> None: ...
+    def begin(self, key: str, label: str, total: int | None, have: int, *, download: bool = True) -> None:
+        """``download=False``: a step that is not a download (``label`` says what it does): no ``fetch``
+        verb, and not counted in the downloads' total."""
+
     def advance(self, key: str, nbytes: int) -> None: ...
     def restart(self, key: str, have: int, reason: str) -> None: ...
     def finish(self, key: str, status: str) -> None: ...
@@ -59,11 +63,12 @@ class PlainReporter:
         with self._lock:
             print(text, file=self.stream, flush=True)
 
-    def begin(self, key: str, label: str, total: int | None, have: int) -> None:
+    def begin(self, key: str, label: str, total: int | None, have: int, *, download: bool = True) -> None:
         self._started[key], self._labels[key], self._bytes[key] = time.monotonic(), label, 0
         size = human_size(total) if total is not None else "unknown size"
         resume = f", resuming at {human_size(have)}" if have else ""
-        self._line(f"fetch  {label} ({size}{resume})")
+        verb = "fetch  " if download else ""
+        self._line(f"{verb}{label} ({size}{resume})")
 
     def advance(self, key: str, nbytes: int) -> None:
         self._bytes[key] = self._bytes.get(key, 0) + nbytes
@@ -94,6 +99,7 @@ class RichReporter:
             transient=False,
         )
         self._tasks: dict[str, TaskID] = {}
+        self._uncounted: set[str] = set()  # steps that are not downloads: kept out of the total
         self._total = self.progress.add_task("[bold]total", total=grand_total)
 
     def __enter__(self) -> RichReporter:
@@ -103,23 +109,29 @@ class RichReporter:
     def __exit__(self, *exc: object) -> None:
         self.progress.stop()
 
-    def begin(self, key: str, label: str, total: int | None, have: int) -> None:
+    def begin(self, key: str, label: str, total: int | None, have: int, *, download: bool = True) -> None:
         self._tasks[key] = self.progress.add_task(label, total=total, completed=have)
-        self.progress.advance(self._total, have)
+        if download:
+            self.progress.advance(self._total, have)
+        else:
+            self._uncounted.add(key)
 
     def advance(self, key: str, nbytes: int) -> None:
         self.progress.advance(self._tasks[key], nbytes)
-        self.progress.advance(self._total, nbytes)
+        if key not in self._uncounted:
+            self.progress.advance(self._total, nbytes)
 
     def restart(self, key: str, have: int, reason: str) -> None:
         task = self._tasks[key]
         lost = self.progress.tasks[task].completed - have
         self.progress.update(task, completed=have)
-        self.progress.advance(self._total, -lost)
+        if key not in self._uncounted:
+            self.progress.advance(self._total, -lost)
         self.progress.console.log(f"retry {self.progress.tasks[task].description}: {reason}")
 
     def finish(self, key: str, status: str) -> None:
         task = self._tasks.pop(key, None)
+        self._uncounted.discard(key)
         if task is not None:
             self.progress.remove_task(task)
         if status != "cached":
