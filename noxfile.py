@@ -5,10 +5,13 @@ nox -s fetch -- gfx1151 [--mirror URL|DIR] [--offline] download the locked input
 nox -s image -- gfx1151 [--push REGISTRY/REPO]         the bundle as an OCI image (build/<target>/image)
 nox -s tests                                           the test suite (plays upstream on 127.0.0.1)
 nox -s lint                                            ruff + mypy
-nox -s bench                                           performance ratios, printed (not asserted)
+nox -s bench                                           performance against today's tools, printed (not asserted)
 """
 
 from __future__ import annotations
+
+import os
+import shutil
 
 import nox
 
@@ -72,9 +75,19 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+#: What the bench compares against, from Debian: pigz and curl (the tools people script today), and the
+#: compiler the fixture's ROCm build and the real-size tree's libraries use.
+BENCH_PACKAGES = {"pigz": "pigz", "curl": "curl", "clang-19": "clang-19", "ld.lld-19": "lld-19"}
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Prints performance ratios against the tools people use today, measured in one run."""
+    """Prints performance ratios against the tools people use today, measured in one run:
+    `nox -s bench -- [--only network|bundle|real-size] [--tree-gib 8] [--work DIR]`."""
+    missing = sorted({package for tool, package in BENCH_PACKAGES.items() if not shutil.which(tool)})
+    if missing:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        session.run(*sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, external=True)
     _install(session, "test")
     session.run("python", "-m", "bench", *session.posargs)
 

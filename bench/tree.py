@@ -1,0 +1,130 @@
+"""A bundle at real size: the fixture bundle (a working tree tier 0 passes) grown to a given size with
+what makes real bundles big. TheRock's ROCm and PyTorch wheels give 10-20 GB trees whose largest files
+(rocBLAS/hipBLASLt kernels, libtorch_hip.so) are single ELF files of 1-2 GB, device code in hidden
+``.kpack`` folders, and tens of thousands of small ``.py`` files; the padding here has that shape:
+
+- ELF shared libraries of up to 2 GiB: a real (tiny) shared object built with clang-19, followed by
+  machine code gathered from this machine's own libraries (as compressible as real library code);
+- ``.kpack`` folders of incompressible blobs (device code is compressed already);
+- copies of the standard library's ``.py`` files (~1 GiB, tens of thousands of files).
+
+They belong to a distribution of their own whose RECORD lists every file with its hash, as a wheel's
+does, so tier 0 reads them all as it reads a real bundle's."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+from vllm_bundle.records import record_hash
+
+GiB = 2**30
+LARGEST = 2 * GiB
+CHUNK = 64 * 2**20
+PADDING = "bench_padding"
+LAST = "zz-bench-last.bin"  # sorts after everything: the member a second archive changes
+
+
+def _site(root: Path) -> Path:
+    (site,) = root.glob("lib/python3.*/site-packages")
+    return site
+
+
+def _tiny_library(work: Path) -> bytes:
+    source = work / "tiny.c"
+    source.write_text("int bench_padding(void) { return 1151; }\n")
+    library = work / "libtiny.so"
+    subprocess.run(
+        ["clang-19", "-shared", "-fPIC", "-nostdlib", "-fuse-ld=lld", "-o", str(library), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    return library.read_bytes()
+
+
+def _machine_code() -> Iterator[bytes]:
+    """This machine's shared libraries, one after the other, for ever."""
+    sources = sorted(Path("/usr/lib/x86_64-linux-gnu").glob("*.so*"))
+    sources = [p for p in sources if p.is_file() and not p.is_symlink() and p.stat().st_size > 65536]
+    while True:
+        for path in sources:
+            yield path.read_bytes()
+
+
+def _write_elf(path: Path, size: int, head: bytes, code: Iterator[bytes]) -> None:
+    with path.open("wb") as out:
+        out.write(head)
+        written = len(head)
+        while written < size:
+            block = next(code)[: size - written]
+            out.write(block)
+            written += len(block)
+
+
+def _write_random(path: Path, size: int, rng: random.Random) -> None:
+    with path.open("wb") as out:
+        for offset in range(0, size, CHUNK):
+            out.write(rng.randbytes(min(CHUNK, size - offset)))
+
+
+def _copy_python(dest: Path, budget: int) -> int:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    sources = sorted(p for p in stdlib.rglob("*.py") if p.is_file())
+    written, copy = 0, 0
+    while written < budget:
+        for source in sources:
+            target = dest / f"copy{copy}" / source.relative_to(stdlib)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            written += target.stat().st_size
+            if written >= budget:
+                break
+        copy += 1
+    return written
+
+
+def _write_distribution(site: Path) -> None:
+    info = site / f"{PADDING}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PADDING}\nVersion: 1.0\n")
+    rows = [
+        f"{path.relative_to(site).as_posix()},{record_hash(path)},{path.stat().st_size}"
+        for path in sorted((site / PADDING).rglob("*"))
+        if path.is_file()
+    ]
+    rows += [f"{PADDING}-1.0.dist-info/METADATA,,", f"{PADDING}-1.0.dist-info/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+
+
+def grow_bundle(bundle: Path, dest: Path, total: int, work: Path) -> dict[str, int]:
+    """Copy ``bundle`` to ``dest`` and grow it to ``total`` bytes; returns what was added, by kind."""
+    shutil.copytree(bundle, dest, symlinks=True)
+    (dest / LAST).write_bytes(b"0" * 4096)
+    base = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file() and not p.is_symlink())
+    padding = _site(dest) / PADDING
+    rng = random.Random(1151)
+    python = _copy_python(padding / "python", min(GiB, (total - base) // 8))
+    kpack = min(GiB, (total - base) // 8)
+    for index, offset in enumerate(range(0, kpack, 256 * 2**20)):
+        blob = padding / ".kpack" / f"bench_padding_gfx1151_{index}.kpack"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        _write_random(blob, min(256 * 2**20, kpack - offset), rng)
+    head, code = _tiny_library(work), _machine_code()
+    remaining = total - base - python - kpack
+    index = 0
+    while remaining > 0:
+        library = padding / "lib" / f"libbench_padding{index}.so"
+        library.parent.mkdir(parents=True, exist_ok=True)
+        _write_elf(library, min(LARGEST, remaining), head, code)
+        remaining -= library.stat().st_size
+        index += 1
+    _write_distribution(_site(dest))
+    return {"python": python, "kpack": kpack, "elf": total - base - python - kpack, "files": _count(dest)}
+
+
+def _count(root: Path) -> int:
+    return sum(1 for p in root.rglob("*") if p.is_file())
