@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import io
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.upstream.fixture import Fixture, make_blob
@@ -40,7 +41,9 @@ def _fresh_fetcher(cache: Path, jobs: int, policy: RetryPolicy | None = None) ->
     return Fetcher(Cache(cache), PlainReporter(io.StringIO()), jobs=jobs, policy=policy or RetryPolicy())
 
 
-def _fetched_all(pins: list[Artifact]) -> object:
+def _fetched_all(pins: list[Artifact]) -> Callable[[object], str | None]:
+    """A check of what ``fetch_all`` returned (sha256 -> path): every pin is in it."""
+
     def check(result: object) -> str | None:
         got = set(result) if isinstance(result, dict) else set()
         missing = [p.filename for p in pins if p.sha256 not in got]
@@ -65,9 +68,9 @@ def bench_fetch(server: UpstreamServer, fixture: Fixture, work: Path, report: Re
     server.inject("*", Fault("throttle", times=None, rate=RATE))
     try:
         parallel_fetcher = _fresh_fetcher(work / "cache-j4", FILES)
-        parallel = run_inline(lambda: parallel_fetcher.fetch_all(pins), check)  # type: ignore[arg-type]
+        parallel = run_inline(lambda: parallel_fetcher.fetch_all(pins), check)
         serial_fetcher = _fresh_fetcher(work / "cache-j1", 1)
-        serial = run_inline(lambda: serial_fetcher.fetch_all(pins), check)  # type: ignore[arg-type]
+        serial = run_inline(lambda: serial_fetcher.fetch_all(pins), check)
         curl = _curl(server, blobs, work)
     finally:
         server.reset()
@@ -132,7 +135,7 @@ def bench_lock_hashless(server: UpstreamServer, fixture: Fixture, work: Path, re
     report.goal("lock: parallel >= 3x one by one", None if one_by_one is None else one_by_one >= 3, _x(one_by_one))
 
     first_url, first = next(iter(pins.items()))
-    server.inject(f"/files/{first.filename}", Fault("cut", after=int(first.size * 0.6)))  # type: ignore[operator]
+    server.inject(f"/files/{first.filename}", Fault("cut", after=int(FILE_SIZE * 0.6)))
     cut_fetcher = _fresh_fetcher(work / "hash-resume", 1, RetryPolicy(attempts=1))
     with contextlib.suppress(NetworkError):
         cut_fetcher.measure(first.filename, first.filename, first_url)
@@ -142,7 +145,7 @@ def bench_lock_hashless(server: UpstreamServer, fixture: Fixture, work: Path, re
         lambda pin: None if getattr(pin, "sha256", None) == first.sha256 else "the resumed file hashes wrong",
     )
     server.reset()
-    full = first.size or 1
+    full = FILE_SIZE
     report.run(
         "lock: re-lock after a cut at 60 %",
         outcome,
