@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from vllm_bundle import relocate
-from vllm_bundle.archive import StreamTar, write_archive
+from vllm_bundle.archive import write_archive
 from vllm_bundle.oci import Layout, write_layer
 from vllm_bundle.repro import compare_asset_dirs, first_difference
+from vllm_bundle.tarstream import StreamTar
 
 
 @pytest.mark.parametrize("offset", [0, 13, 14, 15, 16, 17, 30, 47])

@@ -23,16 +23,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from zlib_ng import gzip_ng_threaded
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import BundleError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, part_name
-
-if TYPE_CHECKING:
-    from _typeshed import SupportsRead
+from vllm_bundle.tarstream import StreamTar
 
 #: Part of the archive format: changing it changes every archive's bytes. Eight workers saturate
 #: the single-threaded tar writer that feeds them; on fewer cores they cost nothing measurable.
@@ -198,23 +196,6 @@ class InterruptibleReader:
         if self._interrupted.is_set():
             raise KeyboardInterrupt
         return self._handle.read(size)
-
-
-class StreamTar(tarfile.TarFile):
-    """A tar read or written once, front to back (``r|gz``, ``w|``), that keeps no list of its entries:
-    tarfile appends each one it reads or writes to ``members`` (for ``getmembers()``, which a stream
-    never calls), and a bundle's hundreds of thousands of files would grow that with their count."""
-
-    members: list[tarfile.TarInfo]  # tarfile's own list (typeshed leaves it out)
-
-    def next(self) -> tarfile.TarInfo | None:
-        member = super().next()
-        self.members.clear()  # iteration asks next() for each entry once the list is empty
-        return member
-
-    def addfile(self, tarinfo: tarfile.TarInfo, fileobj: SupportsRead[bytes] | None = None) -> None:
-        super().addfile(tarinfo, fileobj)
-        self.members.clear()
 
 
 def add_entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path, interrupted: threading.Event) -> None:

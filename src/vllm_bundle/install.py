@@ -38,7 +38,6 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.archive import StreamTar
 from vllm_bundle.errors import BundleError, DiskFullError, NetworkError
 from vllm_bundle.extract import safe_extract
 from vllm_bundle.fetch import Artifact, Fetcher
@@ -53,6 +52,7 @@ from vllm_bundle.manifests import (
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.progress import Reporter
 from vllm_bundle.recipes import load_targets
+from vllm_bundle.tarstream import StreamTar
 from vllm_bundle.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
 from vllm_bundle.validate import sha256_hex
 

@@ -32,13 +32,13 @@ from zlib_ng import gzip_ng_threaded
 
 from vllm_bundle.archive import (
     COMPRESSION_WORKERS,
-    StreamTar,
     add_entry,
     interrupt_between_reads,
     tar_entry,
     tree_entries,
 )
 from vllm_bundle.errors import BundleError
+from vllm_bundle.tarstream import StreamTar
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"

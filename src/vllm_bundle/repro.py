@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from vllm_bundle.archive import StreamTar
 from vllm_bundle.errors import BundleError
 from vllm_bundle.oci import LAYER_NAME, read_layout
+from vllm_bundle.tarstream import StreamTar
 
 MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime", "size", "linkname")
 
