@@ -263,39 +263,49 @@ KILLER = textwrap.dedent("""
 """)
 
 
-def seeded_build(built: Path, build: Path, stage: str) -> Path:
-    """A copy of the built tree in which ``stage`` and every later stage have not run yet (as after a
-    changed input): the run under test rebuilds only those, not the whole bundle."""
-    shutil.copytree(built, build, symlinks=True)
-    target = build / "gfx1151"
-    for later in STAGES[STAGES.index(stage) :]:
-        if later == "release":
-            shutil.rmtree(build.parent / "bundles", ignore_errors=True)
-            continue
-        (target / f".{later}.stage.json").unlink()
-        shutil.rmtree(target / later)
-    return build
+def _stamp(build: Path, stage: str) -> Path | None:
+    """The stage's completion stamp, if it has one (release: ``bundles/.<tag>.stage.json``)."""
+    if stage == "release":
+        return next((build.parent / "bundles").glob(".*.stage.json"), None)
+    stamp = build / "gfx1151" / f".{stage}.stage.json"
+    return stamp if stamp.exists() else None
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_sigkill_in_a_stage_leaves_nothing_that_looks_complete(
-    stage: str, locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
-) -> None:
-    build = seeded_build(built, tmp_path / "build", stage)
-    args = bundle_args(locked, upstream, build, built.parent / "cache")
-    killed = subprocess.run([sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    target = build / "gfx1151"
-    if stage == "release":  # its output is bundles/<tag>, stamped bundles/.<tag>.stage.json
+def _assert_nothing_looks_complete(build: Path, stage: str) -> None:
+    assert _stamp(build, stage) is None, f"the killed stage {stage} has no stamp"
+    if stage == "release":  # its output is bundles/<tag>
         bundles = build.parent / "bundles"
-        assert not list(bundles.glob(".*.stage.json")), "the killed stage has no stamp"
         assert [p.name for p in bundles.iterdir() if not p.name.startswith(".")] == [], "and no output"
     else:
-        assert not (target / f".{stage}.stage.json").exists(), "the killed stage has no stamp"
-        assert not (target / stage).exists(), "and no output in its final place"
+        assert not (build / "gfx1151" / stage).exists(), f"and {stage} has no output in its final place"
+
+
+def test_sigkill_in_each_stage_leaves_nothing_that_looks_complete(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+) -> None:
+    """A build killed in each stage in turn, just before the stage's rename: each run first redoes the
+    stage the run before it died in, and leaves every stage before that as it was (its stamp untouched);
+    the killed stage leaves no stamp and no output. A last run redoes only the last stage, and the tree
+    and the assets are those of an uninterrupted build."""
+    build = tmp_path / "build"
+    args = bundle_args(locked, upstream, build, built.parent / "cache")
+    stamps: dict[str, tuple[int, int]] = {}
+    for index, stage in enumerate(STAGES):
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLER, stage, *args], capture_output=True, text=True, timeout=300
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        _assert_nothing_looks_complete(build, stage)
+        for earlier in STAGES[:index]:
+            stamp = _stamp(build, earlier)
+            assert stamp is not None, f"{earlier} finished before {stage} was killed"
+            key = (stamp.stat().st_ino, stamp.stat().st_mtime_ns)
+            if earlier != STAGES[index - 1]:
+                assert stamps[earlier] == key, f"{earlier} was not redone when {stage} was killed"
+            stamps[earlier] = key
     again = bundle_cli(locked, upstream, build, built.parent / "cache")
     assert again.returncode == 0, again.stderr
     rebuilt = [line.split()[1] for line in again.stdout.splitlines() if line.startswith("stage") and "built" in line]
-    assert rebuilt == list(STAGES[STAGES.index(stage) :]), "only the killed stage and what follows it"
-    assert tree_digest(target / "root") == tree_digest(built / "gfx1151" / "root")
+    assert rebuilt == [STAGES[-1]], "only the stage killed last"
+    assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
     assert tree_digest(build.parent / "bundles") == tree_digest(built.parent / "bundles"), "same assets"
