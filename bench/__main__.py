@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--tree-gib", type=float, default=8.0, help="size of the real-size tree (default 8)")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a new one in $TMPDIR, removed after)")
     args = parser.parse_args()
+    if args.work is not None and not args.work.is_dir():
+        parser.error(f"--work {args.work} is not a directory (create it, or leave --work out)")
     groups = args.only or list(GROUPS)
     console = Console(width=200)
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-bench-", dir=args.work) as tmp:

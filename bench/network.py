@@ -5,6 +5,7 @@ what ``vllm-bundle lock`` runs for TheRock's hashless pages)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import shutil
@@ -61,23 +62,68 @@ def _curl(server: UpstreamServer, blobs: list[Path], work: Path) -> Outcome | No
     return run_child(["bash", "-c", script], logs=work / "logs" / "curl", timeout=300)
 
 
+Transfer = Callable[[Fetcher], object]
+
+
+def _parallel_and_serial(
+    server: UpstreamServer, work: Path, name: str, transfer: Transfer, check: Callable[[object], str | None]
+) -> tuple[Outcome, Outcome]:
+    """``transfer`` through a fetcher with FILES jobs, then with one, each from an empty cache, every
+    connection throttled to RATE."""
+    server.inject("*", Fault("throttle", times=None, rate=RATE))
+    try:
+        outcomes = []
+        for jobs in (FILES, 1):
+            fetcher = _fresh_fetcher(work / f"{name}-j{jobs}", jobs)
+            outcomes.append(run_inline(functools.partial(transfer, fetcher), check))
+    finally:
+        server.reset()
+    return outcomes[0], outcomes[1]
+
+
+def _report_parallel(report: Report, what: str, parallel: Outcome, serial: Outcome, workload: str) -> float | None:
+    report.run(f"{what}, parallel (-j{FILES})", parallel, workload, "1.00x")
+    one_by_one = ratio(serial, parallel)
+    report.run(f"{what}, one by one (-j1)", serial, workload, f"{one_by_one:.2f}x slower" if one_by_one else "")
+    return one_by_one
+
+
+def _after_a_cut(
+    server: UpstreamServer, work: Path, path: str, size: int, transfer: Transfer, check: Callable[[object], str | None]
+) -> tuple[Outcome, int]:
+    """``transfer`` cut at 60 % (one attempt), then again with the same cache: the second run's outcome
+    and the bytes it moved."""
+    server.inject(path, Fault("cut", after=int(size * 0.6)))
+    cache = work / f"cut-{Path(path).name}"
+    with contextlib.suppress(NetworkError):  # the cut is the point: the next run resumes
+        transfer(_fresh_fetcher(cache, 1, RetryPolicy(attempts=1)))
+    again = Fetcher(Cache(cache), PlainReporter(io.StringIO()))
+    outcome = run_inline(lambda: transfer(again), check)
+    server.reset()
+    return outcome, again.bytes_transferred
+
+
+def _report_resume(report: Report, case: str, outcome: Outcome, moved: int, full: int) -> None:
+    report.run(
+        case,
+        outcome,
+        f"full download {full / 2**20:.1f} MiB",
+        f"{moved / full:.2f} of full",
+        figure=f"{moved / 2**20:.1f} MiB moved",
+    )
+
+
 def bench_fetch(server: UpstreamServer, fixture: Fixture, work: Path, report: Report) -> None:
     blobs = [make_blob(fixture, f"bench{i}.bin", FILE_SIZE) for i in range(FILES)]
     pins = _pins(server, blobs)
-    check = _fetched_all(pins)
+    parallel, serial = _parallel_and_serial(server, work, "fetch", lambda f: f.fetch_all(pins), _fetched_all(pins))
     server.inject("*", Fault("throttle", times=None, rate=RATE))
     try:
-        parallel_fetcher = _fresh_fetcher(work / "cache-j4", FILES)
-        parallel = run_inline(lambda: parallel_fetcher.fetch_all(pins), check)
-        serial_fetcher = _fresh_fetcher(work / "cache-j1", 1)
-        serial = run_inline(lambda: serial_fetcher.fetch_all(pins), check)
         curl = _curl(server, blobs, work)
     finally:
         server.reset()
     size = f"{FILES} x {FILE_SIZE // 2**20} MiB @ {RATE // 2**20} MiB/s per connection"
-    report.run("fetch, parallel (-j4)", parallel, size, "1.00x")
-    one_by_one = ratio(serial, parallel)
-    report.run("fetch, one by one (-j1)", serial, size, f"{one_by_one:.2f}x slower" if one_by_one else "")
+    one_by_one = _report_parallel(report, "fetch", parallel, serial, size)
     if curl is not None:
         versus_curl = ratio(curl, parallel)
         report.run("curl, one by one", curl, size, f"{versus_curl:.2f}x slower" if versus_curl else "")
@@ -87,23 +133,9 @@ def bench_fetch(server: UpstreamServer, fixture: Fixture, work: Path, report: Re
 def bench_resume(server: UpstreamServer, fixture: Fixture, work: Path, report: Report) -> None:
     blob = make_blob(fixture, "bench-resume.bin", 32 * 1024 * 1024)
     (pin,) = _pins(server, [blob])
-    server.inject(f"/files/{blob.name}", Fault("cut", after=int(blob.stat().st_size * 0.6)))
-    cache = work / "cache-resume"
-    first = _fresh_fetcher(cache, 1, RetryPolicy(attempts=1))
-    with contextlib.suppress(NetworkError):  # the cut is the point: the next run resumes
-        first.fetch_one(pin)
-    resumed = Fetcher(Cache(cache), PlainReporter(io.StringIO()))
-    outcome = run_inline(lambda: resumed.fetch_one(pin))
-    server.reset()
     full = blob.stat().st_size
-    moved = resumed.bytes_transferred
-    report.run(
-        "fetch: resume after a cut at 60 %",
-        outcome,
-        f"full download {full / 2**20:.1f} MiB",
-        f"{moved / full:.2f} of full",
-        figure=f"{moved / 2**20:.1f} MiB moved",
-    )
+    outcome, moved = _after_a_cut(server, work, f"/files/{blob.name}", full, lambda f: f.fetch_one(pin), _no_check)
+    _report_resume(report, "fetch: resume after a cut at 60 %", outcome, moved, full)
 
 
 def bench_lock_hashless(server: UpstreamServer, fixture: Fixture, work: Path, report: Report) -> None:
@@ -118,41 +150,25 @@ def bench_lock_hashless(server: UpstreamServer, fixture: Fixture, work: Path, re
         wrong = [p.filename for url, p in pins.items() if url not in got or got[url].sha256 != p.sha256]
         return f"wrong or missing pins: {', '.join(wrong)}" if wrong else None
 
-    server.inject("*", Fault("throttle", times=None, rate=RATE))
-    try:
-        parallel_fetcher = _fresh_fetcher(work / "hash-j4", FILES)
-        parallel = run_inline(lambda: parallel_fetcher.measure_all(wanted), check)
-        serial_fetcher = _fresh_fetcher(work / "hash-j1", 1)
-        serial = run_inline(lambda: serial_fetcher.measure_all(wanted), check)
-    finally:
-        server.reset()
+    parallel, serial = _parallel_and_serial(server, work, "hash", lambda f: f.measure_all(wanted), check)
     size = f"{FILES} x {FILE_SIZE // 2**20} MiB, no sha256 published, @ {RATE // 2**20} MiB/s per connection"
-    report.run("lock: hash unpublished files, parallel (-j4)", parallel, size, "1.00x")
-    one_by_one = ratio(serial, parallel)
-    report.run(
-        "lock: hash unpublished files, one by one", serial, size, f"{one_by_one:.2f}x slower" if one_by_one else ""
-    )
+    one_by_one = _report_parallel(report, "lock: hash unpublished files", parallel, serial, size)
     report.goal("lock: parallel >= 3x one by one", None if one_by_one is None else one_by_one >= 3, _x(one_by_one))
 
-    first_url, first = next(iter(pins.items()))
-    server.inject(f"/files/{first.filename}", Fault("cut", after=int(FILE_SIZE * 0.6)))
-    cut_fetcher = _fresh_fetcher(work / "hash-resume", 1, RetryPolicy(attempts=1))
-    with contextlib.suppress(NetworkError):
-        cut_fetcher.measure(first.filename, first.filename, first_url)
-    again = Fetcher(Cache(work / "hash-resume"), PlainReporter(io.StringIO()))
-    outcome = run_inline(
-        lambda: again.measure(first.filename, first.filename, first_url),
+    url, first = next(iter(pins.items()))
+    outcome, moved = _after_a_cut(
+        server,
+        work,
+        f"/files/{first.filename}",
+        FILE_SIZE,
+        lambda f: f.measure(first.filename, first.filename, url),
         lambda pin: None if getattr(pin, "sha256", None) == first.sha256 else "the resumed file hashes wrong",
     )
-    server.reset()
-    full = FILE_SIZE
-    report.run(
-        "lock: re-lock after a cut at 60 %",
-        outcome,
-        f"full download {full / 2**20:.1f} MiB",
-        f"{again.bytes_transferred / full:.2f} of full",
-        figure=f"{again.bytes_transferred / 2**20:.1f} MiB moved",
-    )
+    _report_resume(report, "lock: re-lock after a cut at 60 %", outcome, moved, FILE_SIZE)
+
+
+def _no_check(_: object) -> None:
+    return None
 
 
 def _x(value: float | None) -> str:

@@ -23,7 +23,6 @@ from vllm_bundle.manifests import (
     DEFAULT_PART_SIZE,
     RELEASE_JSON,
     backend_versions,
-    sha256_file,
     write_sha256sums,
 )
 
@@ -58,8 +57,7 @@ class RealSize:
     def run(self) -> None:
         began = time.perf_counter()
         added = grow_bundle(self.bundle.root, self.tree, self.size, self.work)
-        total = sum(p.stat().st_size for p in self.tree.rglob("*") if p.is_file() and not p.is_symlink())
-        self.workload = f"{total / 2**30:.2f} GiB tree, {added['files']} files"
+        self.workload = f"{added['bytes'] / 2**30:.2f} GiB tree, {added['files']} files"
         self.report.row(
             "real-size tree, generated",
             f"{time.perf_counter() - began:.0f} s",
@@ -124,14 +122,15 @@ class RealSize:
         of the fixture's release.json as it is: what ``vllm-bundle install`` reads."""
         parts = sorted(release.glob(f"{stem}.part*.tar.gz"))
         doc = json.loads((self.bundle.release / RELEASE_JSON).read_text())
-        entries: list[dict[str, Any]] = [
-            {"name": p.name, "size": p.stat().st_size, "sha256": sha256_file(p)} for p in parts
-        ]
-        whole = hashlib.sha256()
+        entries: list[dict[str, Any]] = []
+        whole = hashlib.sha256()  # of the parts put together, in the same pass as each part's
         for part in parts:
+            digest = hashlib.sha256()
             with part.open("rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
                     whole.update(block)
+            entries.append({"name": part.name, "size": part.stat().st_size, "sha256": digest.hexdigest()})
         doc["archive"].update({"size": sum(e["size"] for e in entries), "sha256": whole.hexdigest(), "parts": entries})
         (release / RELEASE_JSON).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         (release / f"{stem}.partcount").write_text(f"{len(parts):02d}")

@@ -123,8 +123,11 @@ def grow_bundle(bundle: Path, dest: Path, total: int, work: Path) -> dict[str, i
         remaining -= library.stat().st_size
         index += 1
     _write_distribution(_site(dest))
-    return {"python": python, "kpack": kpack, "elf": total - base - python - kpack, "files": _count(dest)}
-
-
-def _count(root: Path) -> int:
-    return sum(1 for p in root.rglob("*") if p.is_file())
+    files = [p for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
+    return {
+        "python": python,
+        "kpack": kpack,
+        "elf": total - base - python - kpack,
+        "files": len(files),
+        "bytes": sum(p.stat().st_size for p in files),
+    }
