@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def archive(tree: Path, out: Path, stem: str, part_size: int) -> None:
-    from vllm_bundle.archive import write_archive
+    from vllm_bundle.release.archive import write_archive
 
     parts, size, _ = write_archive(tree, out, stem, 0, part_size=part_size)
     if sum(p.size for p in parts) != size or not all(p.path.stat().st_size == p.size for p in parts):
@@ -21,7 +21,7 @@ def archive(tree: Path, out: Path, stem: str, part_size: int) -> None:
 
 def qualify(tree: Path, recipes_dir: Path, target: str, build_dir: Path) -> None:
     """Tier 0 as the pipeline's qualify stage runs it (with a build directory to look for)."""
-    from vllm_bundle.qualify import detect_minor, load_rules, qualify_tree
+    from vllm_bundle.qualify.tier0 import detect_minor, load_rules, qualify_tree
     from vllm_bundle.recipes import load_recipes
 
     recipes = load_recipes(recipes_dir)
@@ -34,7 +34,7 @@ def qualify(tree: Path, recipes_dir: Path, target: str, build_dir: Path) -> None
 
 def compare(first: Path, second: Path, expected: str) -> None:
     """verify-repro's comparison of two release folders; ``expected`` is the one difference they have."""
-    from vllm_bundle.repro import compare_asset_dirs
+    from vllm_bundle.qualify.repro import compare_asset_dirs
 
     differences = compare_asset_dirs(first, second)
     if not any(expected in line for line in differences):
@@ -44,9 +44,9 @@ def compare(first: Path, second: Path, expected: str) -> None:
 
 def image(tree: Path, out: Path, recipes_dir: Path) -> None:
     """The OCI layout of the tree, layered by recipes/image.toml, on an empty base."""
-    from vllm_bundle.image import load_image_recipe
     from vllm_bundle.manifests import DEFAULT_LEVEL
-    from vllm_bundle.oci import BaseImage, ImageSpec, read_layout, write_image
+    from vllm_bundle.oci.image import load_image_recipe
+    from vllm_bundle.oci.layout import BaseImage, ImageSpec, read_layout, write_image
 
     recipe = load_image_recipe(recipes_dir)
     config = {"architecture": "amd64", "os": "linux", "config": {}, "rootfs": {"type": "layers", "diff_ids": []}}

@@ -17,11 +17,11 @@ from tests.upstream.server import Fault, UpstreamServer
 
 from bench.measure import Outcome, run_child, run_inline
 from bench.report import Report, ratio
-from vllm_bundle.cache import Cache
 from vllm_bundle.errors import NetworkError
-from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.progress import PlainReporter
-from vllm_bundle.transport import RetryPolicy
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.progress import PlainReporter
+from vllm_bundle.util.transport import RetryPolicy
 
 FILES = 4
 FILE_SIZE = 8 * 1024 * 1024

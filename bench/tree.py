@@ -20,7 +20,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_bundle.records import record_hash
+from vllm_bundle.tree.records import record_hash
 
 GiB = 2**30
 LARGEST = 2 * GiB

@@ -186,17 +186,17 @@ class VllmSdists:
     cache that outlives the test run (by the production fetcher, several at a time)."""
 
     def __init__(self) -> None:
-        from vllm_bundle.cache import Cache
-        from vllm_bundle.fetch import Fetcher
-        from vllm_bundle.progress import PlainReporter
+        from vllm_bundle.util.cache import Cache
+        from vllm_bundle.util.fetch import Fetcher
+        from vllm_bundle.util.progress import PlainReporter
 
         self.fetcher = Fetcher(Cache(TEST_DOWNLOADS), PlainReporter(), jobs=8)
         self._index: dict[str, Any] | None = None
         self._found: dict[str, Path] = {}
 
     def _artifact(self, version: str) -> Any:
-        from vllm_bundle.fetch import Artifact
-        from vllm_bundle.simple_index import project_files
+        from vllm_bundle.inputs.simple_index import project_files
+        from vllm_bundle.util.fetch import Artifact
 
         if self._index is None:  # one read of PyPI's file list for every version asked for
             self._index = {f.filename: f for f in project_files(self.fetcher.session, PYPI_URL, "vllm")}

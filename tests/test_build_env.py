@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from vllm_bundle import vllm_build
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.vllm_build import (
+from vllm_bundle.tree import vllm_build
+from vllm_bundle.tree.vllm_build import (
     DEAD_PROXY,
     HIP_LAUNCHER,
     MAPPED_PREFIX,

@@ -20,12 +20,12 @@ from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.packaging_fixtures import make_wheel
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.assemble import AssembleError, Layout, install_wheels
 from vllm_bundle.errors import BundleError
-from vllm_bundle.fetch import sha256_of
-from vllm_bundle.python_stage import python_stage
-from vllm_bundle.stage import STAGES
-from vllm_bundle.toolchain import WRAPPER
+from vllm_bundle.tree.assemble import AssembleError, Layout, install_wheels
+from vllm_bundle.tree.python_stage import python_stage
+from vllm_bundle.tree.stage import STAGES
+from vllm_bundle.tree.toolchain import WRAPPER
+from vllm_bundle.util.fetch import sha256_of
 
 
 def copy_of(built: Path, dest: Path) -> Path:
@@ -126,7 +126,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
     shutil.copytree(built, build, symlinks=True)
     script = textwrap.dedent("""
         import sys
-        import vllm_bundle.launcher as launcher, vllm_bundle.bundle as bundle
+        import vllm_bundle.tree.launcher as launcher, vllm_bundle.pipeline as bundle
         original = launcher.template_text()
         changed = lambda: original.replace("set -eu", "set -eu\\n# a new line in the template")
         launcher.template_text = bundle.template_text = changed
@@ -245,7 +245,7 @@ def test_unsafe_python_tarball_is_refused(tmp_path: Path, entry: tarfile.TarInfo
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import vllm_bundle.stage as stage
+    import vllm_bundle.tree.stage as stage
     victim = sys.argv[1]
     original = stage.run_stage
     def run_stage(out, name, version, inputs, build, force=False):

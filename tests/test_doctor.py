@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, assert_one_line_error, run_cli
-from vllm_bundle.doctor import Finding, diagnose, render_json, render_text
+from vllm_bundle.install.doctor import Finding, diagnose, render_json, render_text
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 

@@ -13,13 +13,13 @@ import pytest
 from tests.conftest import assert_one_line_error, run_cli, small_disk
 from tests.upstream.fixture import Fixture, make_blob
 from tests.upstream.server import Fault, UpstreamServer
-from vllm_bundle.cache import Cache
 from vllm_bundle.errors import DiskFullError, HashMismatchError, NetworkError, OfflineMissingError
-from vllm_bundle.fetch import SHOWN_MISSING, Artifact, Fetcher
-from vllm_bundle.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
-from vllm_bundle.progress import PlainReporter
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.transport import RetryPolicy
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fetch import SHOWN_MISSING, Artifact, Fetcher
+from vllm_bundle.util.progress import PlainReporter
+from vllm_bundle.util.transport import RetryPolicy
 
 FAST = RetryPolicy(attempts=5, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
 BLOB_SIZE = 3 * 1024 * 1024 + 17
@@ -329,7 +329,7 @@ def test_two_concurrent_fetches_share_one_cache(
 def test_rich_progress_on_a_terminal(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
     from rich.console import Console
 
-    from vllm_bundle.progress import RichReporter
+    from vllm_bundle.util.progress import RichReporter
 
     screen = io.StringIO()
     artifact = artifact_for(blob, upstream)

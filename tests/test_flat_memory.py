@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from vllm_bundle import relocate
-from vllm_bundle.archive import write_archive
-from vllm_bundle.oci import Layout, write_layer
-from vllm_bundle.repro import compare_asset_dirs, first_difference
-from vllm_bundle.tarstream import StreamTar
+from vllm_bundle.oci.layout import Layout, write_layer
+from vllm_bundle.qualify.repro import compare_asset_dirs, first_difference
+from vllm_bundle.release.archive import write_archive
+from vllm_bundle.tree import relocate
+from vllm_bundle.util.tarstream import StreamTar
 
 
 @pytest.mark.parametrize("offset", [0, 13, 14, 15, 16, 17, 30, 47])
@@ -69,7 +69,7 @@ def test_comparing_release_folders_holds_no_whole_part(tmp_path: Path) -> None:
             handle.seek(0, 2)
             handle.write(last)
     result = _bounded(
-        "from vllm_bundle.repro import compare_asset_dirs",
+        "from vllm_bundle.qualify.repro import compare_asset_dirs",
         "print(compare_asset_dirs(Path(sys.argv[1]), Path(sys.argv[2])))",
         first,
         second,
@@ -86,7 +86,7 @@ def test_hashing_an_archive_member_holds_no_whole_member(tmp_path: Path) -> None
         handle.truncate(768 * 2**20)
     parts, _, _ = write_archive(tree, tmp_path / "a", "x", 1, level=1)
     result = _bounded(
-        "from vllm_bundle.repro import first_difference",
+        "from vllm_bundle.qualify.repro import first_difference",
         "print(first_difference([Path(sys.argv[1])], [Path(sys.argv[1])]))",
         parts[0].path,
     )

@@ -11,7 +11,7 @@ from rocm_bootstrap import PackagingLevel, _platform, bundle_for_target, lookup_
 
 from tests.conftest import REPO
 from vllm_bundle.errors import BundleError
-from vllm_bundle.gpu_detect import detect_isas, target_for_isas
+from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
 from vllm_bundle.recipes import Target, load_targets
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"

@@ -18,11 +18,11 @@ import pytest
 
 from tests.conftest import assert_one_line_error, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
-from vllm_bundle.assemble import Layout
-from vllm_bundle.gpu_qualify import ServeOptions, run_probe, tier1_checks, tier2_checks
+from vllm_bundle.qualify.gpu import ServeOptions, run_probe, tier1_checks, tier2_checks
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE
 from vllm_bundle.runtime.orphans import VARIABLE as ORPHANS_VARIABLE
+from vllm_bundle.tree.assemble import Layout
 
 RULE = load_recipes(Path(__file__).parents[1] / "recipes").vllm.extension_rule("0.33.0")
 

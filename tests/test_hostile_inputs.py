@@ -17,11 +17,11 @@ import urllib3.util.connection
 from tests.conftest import assert_one_line_error, run_cli
 from tests.upstream.fixture import Fixture, make_blob
 from tests.upstream.server import Fault, UpstreamServer
-from vllm_bundle.cache import Cache
 from vllm_bundle.errors import CorruptCacheError, InsecureURLError, InvalidValueError
-from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.progress import PlainReporter
-from vllm_bundle.transport import RetryPolicy, is_loopback
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.progress import PlainReporter
+from vllm_bundle.util.transport import RetryPolicy, is_loopback
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
 
@@ -82,7 +82,7 @@ def test_a_digest_that_is_not_one_never_becomes_a_path(
 def test_an_index_page_with_a_path_for_a_hash_is_one_line(upstream: UpstreamServer, tmp_path: Path) -> None:
     import requests
 
-    from vllm_bundle.simple_index import project_files
+    from vllm_bundle.inputs.simple_index import project_files
 
     page = upstream.root / "hostile-index" / "evil"
     page.mkdir(parents=True)
@@ -157,7 +157,7 @@ def test_a_redirect_to_plain_http_elsewhere_is_refused(
 def test_install_takes_no_release_json_over_a_plain_http_hop(
     upstream: UpstreamServer, tmp_path: Path, loopback_only: list[str]
 ) -> None:
-    from vllm_bundle.install import release_from_assets
+    from vllm_bundle.install.installer import release_from_assets
 
     upstream.inject("/hostile/release.json", Fault("redirect", location="http://203.0.113.7/release.json"))
     with pytest.raises(InsecureURLError, match="a redirect from"):
@@ -214,7 +214,7 @@ def test_redaction_keeps_the_rest_of_the_line() -> None:
 
 
 def test_the_partial_file_helper_refuses_links(tmp_path: Path) -> None:
-    from vllm_bundle.cache import open_for_writing
+    from vllm_bundle.util.cache import open_for_writing
 
     victim = tmp_path / "victim"
     victim.write_text("kept")

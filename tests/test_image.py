@@ -27,8 +27,8 @@ from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_r
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.registry import BASE_REPOSITORY, RegistryServer, push_base, skopeo, write_base_layout
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.image import image_reference
-from vllm_bundle.oci import LayerRule, Layout, split_tree, write_layer
+from vllm_bundle.oci.image import image_reference
+from vllm_bundle.oci.layout import LayerRule, Layout, split_tree, write_layer
 
 TARGET = "gfx1151"
 LAUNCHER = "/opt/vllm/bin/vllm-server"
@@ -115,7 +115,7 @@ def test_two_builds_give_the_same_image_digest_and_byte_identical_layers(
 
 
 def test_a_changed_layer_is_named_down_to_its_member(image_dir: Path, tmp_path: Path) -> None:
-    from vllm_bundle.repro import compare_layouts
+    from vllm_bundle.qualify.repro import compare_layouts
 
     other = tmp_path / "other"
     shutil.copytree(image_dir / "oci", other)
@@ -381,8 +381,8 @@ def proxy(handler: type[_FlakyProxy]) -> Iterator[str]:
 
 
 def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer, image_dir: Path) -> None:
-    from vllm_bundle.registry import Reference, RegistryClient, push_layout
-    from vllm_bundle.transport import RetryPolicy
+    from vllm_bundle.oci.registry import Reference, RegistryClient, push_layout
+    from vllm_bundle.util.transport import RetryPolicy
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -403,9 +403,9 @@ def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer
 def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
     base_published: RegistryServer, image_dir: Path
 ) -> None:
-    from vllm_bundle.oci import Descriptor
-    from vllm_bundle.registry import RegistryClient
-    from vllm_bundle.transport import RetryPolicy
+    from vllm_bundle.oci.layout import Descriptor
+    from vllm_bundle.oci.registry import RegistryClient
+    from vllm_bundle.util.transport import RetryPolicy
 
     layout = image_dir / "oci"
     _, manifest, _ = manifest_and_config(layout)
@@ -436,7 +436,7 @@ def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
 def test_push_trades_credentials_for_a_bearer_token(
     base_published: RegistryServer, image_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_bundle.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, RegistryError, push_layout
+    from vllm_bundle.oci.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, RegistryError, push_layout
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -661,10 +661,10 @@ def test_layer_rules_split_the_tree_and_keep_links_within_a_layer(tmp_path: Path
 def test_a_full_disk_while_downloading_a_base_layer_leaves_no_partial_file(
     base_published: RegistryServer, tmp_path: Path
 ) -> None:
-    from vllm_bundle.cache import Cache
     from vllm_bundle.errors import DiskFullError
-    from vllm_bundle.oci import Descriptor
-    from vllm_bundle.registry import RegistryClient, platform_manifest
+    from vllm_bundle.oci.layout import Descriptor
+    from vllm_bundle.oci.registry import RegistryClient, platform_manifest
+    from vllm_bundle.util.cache import Cache
 
     client = RegistryClient(base_published.url)
     data, *_ = platform_manifest(client, BASE_REPOSITORY, "latest", {"architecture": "amd64", "os": "linux"})
@@ -682,11 +682,11 @@ def test_a_cut_base_layer_download_resumes_where_it_stopped(base_published: Regi
     """Issue #21 (7): a base layer comes through the fetcher's resumable path, not one plain stream."""
     import io
 
-    from vllm_bundle.cache import Cache
-    from vllm_bundle.oci import Descriptor
-    from vllm_bundle.progress import PlainReporter
-    from vllm_bundle.registry import RegistryClient, platform_manifest
-    from vllm_bundle.transport import RetryPolicy
+    from vllm_bundle.oci.layout import Descriptor
+    from vllm_bundle.oci.registry import RegistryClient, platform_manifest
+    from vllm_bundle.util.cache import Cache
+    from vllm_bundle.util.progress import PlainReporter
+    from vllm_bundle.util.transport import RetryPolicy
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -735,7 +735,7 @@ def test_a_bad_image_recipe_is_one_line(tmp_path: Path, edits: list[tuple[str, s
 def test_kserve_manifests_for_an_older_vllm_set_the_backend_by_environment(tmp_path: Path) -> None:
     from packaging.specifiers import SpecifierSet
 
-    from vllm_bundle.kserve import render_kserve
+    from vllm_bundle.oci.kserve import render_kserve
     from vllm_bundle.recipes import AttentionRule
 
     rule = AttentionRule(SpecifierSet("<0.13"), "TRITON_ATTN", None, "VLLM_ATTENTION_BACKEND")
@@ -770,7 +770,7 @@ def test_a_registry_answering_html_for_a_manifest_is_one_line(base_published: Re
     "doc", [{"digest": "sha256:" + "a" * 64}, {"mediaType": "x", "digest": "sha256:" + "a" * 64, "size": "big"}, []]
 )
 def test_a_descriptor_that_is_not_one_is_refused_in_one_error(doc: Any) -> None:
-    from vllm_bundle.oci import Descriptor, ImageError
+    from vllm_bundle.oci.layout import Descriptor, ImageError
 
     with pytest.raises(ImageError, match="not an OCI descriptor"):
         Descriptor.from_json(doc)

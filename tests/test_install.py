@@ -23,8 +23,8 @@ from filelock import FileLock
 from tests.conftest import REPO, TEST_REPO, assert_one_line_error, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
-from vllm_bundle.extract import safe_extract
-from vllm_bundle.progress import human_size
+from vllm_bundle.util.extract import safe_extract
+from vllm_bundle.util.progress import human_size
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -373,7 +373,7 @@ def test_extraction_keeps_no_list_of_the_entries(tmp_path: Path, monkeypatch: py
     """tarfile keeps every entry it reads in ``members``: a real bundle's hundreds of thousands of files
     would grow the installer's memory with their count. The list stays (near) empty as entries stream by,
     and the top directory's mode still reaches the install's root."""
-    import vllm_bundle.install as installer
+    import vllm_bundle.util.parts as installer
 
     paths, digest = _generated_release(tmp_path, directories=20, files=250, parts=3)
     kept: list[int] = []
@@ -400,8 +400,8 @@ def test_rich_extraction_progress_stays_out_of_the_download_total(tmp_path: Path
     downloads only."""
     from rich.console import Console
 
-    from vllm_bundle.install import extract_parts
-    from vllm_bundle.progress import RichReporter
+    from vllm_bundle.util.parts import extract_parts
+    from vllm_bundle.util.progress import RichReporter
 
     paths, digest = _generated_release(tmp_path, directories=2, files=10, parts=2)
     screen = io.StringIO()
@@ -483,7 +483,7 @@ def test_an_install_leaves_a_like_named_destinations_staging_alone(built: Path, 
 KILLED_AT = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
-    import vllm_bundle.install as install
+    import vllm_bundle.install.installer as install
 
     def die(*args):
         os.kill(os.getpid(), signal.SIGKILL)

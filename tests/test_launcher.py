@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from vllm_bundle.launcher import render_launcher
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.toolchain import WRAPPER
+from vllm_bundle.tree.launcher import render_launcher
+from vllm_bundle.tree.toolchain import WRAPPER
 
 RECIPES = load_recipes(REPO / "recipes")
 LIBS = ["_rocm_sdk_core/lib", "_rocm_sdk_libraries/lib", "torch/lib"]

@@ -23,7 +23,7 @@ from tests.upstream.fixture import (
     Fixture,
 )
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.lockfile import read_lock, wheel_artifacts
+from vllm_bundle.inputs.lockfile import read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
 
 

@@ -17,8 +17,8 @@ from elftools.elf.elffile import ELFFile
 
 from tests.test_qualify import _offload_bundle
 from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
-from vllm_bundle import offload
-from vllm_bundle.offload import bundle_isas, fatbin_isas
+from vllm_bundle.util import offload
+from vllm_bundle.util.offload import bundle_isas, fatbin_isas
 
 MEMORY_LIMIT = 512 << 20  # the address space the reader runs in: less than the fat binaries below
 HUGE = 1 << 30
@@ -67,7 +67,7 @@ def _isas_in_bounded_memory(path: Path) -> str:
     """fatbin_isas(path) in a process whose address space is MEMORY_LIMIT: the ISAs, comma-separated."""
     script = (
         f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
-        "import sys; from pathlib import Path; from vllm_bundle.offload import fatbin_isas\n"
+        "import sys; from pathlib import Path; from vllm_bundle.util.offload import fatbin_isas\n"
         "print(','.join(sorted(fatbin_isas(Path(sys.argv[1])))))\n"
     )
     result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)

@@ -14,8 +14,8 @@ import zstandard
 
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
-from vllm_bundle.elf import set_runpath
-from vllm_bundle.records import refresh_records
+from vllm_bundle.tree.records import refresh_records
+from vllm_bundle.util.elf import set_runpath
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 

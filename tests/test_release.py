@@ -26,10 +26,10 @@ from tests.conftest import (
 )
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.archive import write_archive
 from vllm_bundle.manifests import pinned_tag
-from vllm_bundle.release import default_repo
-from vllm_bundle.repro import first_difference
+from vllm_bundle.qualify.repro import first_difference
+from vllm_bundle.release.archive import write_archive
+from vllm_bundle.release.assets import default_repo
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -173,7 +173,7 @@ def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
     """The archive does not depend on how many CPUs the machine has: all of them, then one (by
     affinity, and ``os.cpu_count`` made to agree)."""
     script = (
-        "import os, sys; from pathlib import Path; from vllm_bundle.archive import write_archive; "
+        "import os, sys; from pathlib import Path; from vllm_bundle.release.archive import write_archive; "
         "os.cpu_count = lambda: len(os.sched_getaffinity(0)); "
         f"print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', 1, part_size={PART_SIZE})[2])"
     )

@@ -23,11 +23,11 @@ import pytest
 
 from tests.conftest import REPO
 from tests.upstream.fixture import PYTHON_MINOR
-from vllm_bundle.launcher import render_launcher
 from vllm_bundle.recipes import ServerRule, load_recipes
 from vllm_bundle.runtime import amdgpu, gpu_memory
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, MemoryPool
 from vllm_bundle.runtime.orphans import VARIABLE
+from vllm_bundle.tree.launcher import render_launcher
 
 HOSTS = Path(__file__).parent / "data" / "hosts"
 ORPHAN_SERVER = Path(__file__).with_name("orphan_server.py")

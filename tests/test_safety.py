@@ -33,9 +33,9 @@ from tests.conftest import (
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, Fixture
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.errors import BundleError
-from vllm_bundle.fetch import sha256_of
-from vllm_bundle.python_stage import python_stage
-from vllm_bundle.vllm_source import prepare_source
+from vllm_bundle.tree.python_stage import python_stage
+from vllm_bundle.tree.vllm_source import prepare_source
+from vllm_bundle.util.fetch import sha256_of
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -104,7 +104,7 @@ def test_install_into_an_empty_folder_or_over_its_own_install(built: Path, tmp_p
 
 SLOW_SITE = textwrap.dedent("""
     import sys, time
-    import vllm_bundle.assemble as assemble
+    import vllm_bundle.tree.assemble as assemble
     original = assemble.install_wheels
     def slow(*args, **kwargs):
         print("SITE-STARTED", flush=True)

@@ -35,13 +35,13 @@ from tests.upstream.pypi import STAND_IN_ZIG, ZIGLANG_STAND_IN
 from tests.upstream.real_wheels import ZIGLANG
 from tests.upstream.registry import base_rootfs
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.assemble import AssembleError, root_stage
-from vllm_bundle.elf import dynamic_info
-from vllm_bundle.lockfile import read_lock
-from vllm_bundle.qualify import QualifyRules, check_relocated_smoke, check_toolchain
+from vllm_bundle.inputs.lockfile import read_lock
+from vllm_bundle.qualify.tier0 import QualifyRules, check_relocated_smoke, check_toolchain
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.stage import StageResult
-from vllm_bundle.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper, zig_target
+from vllm_bundle.tree.assemble import AssembleError, root_stage
+from vllm_bundle.tree.stage import StageResult
+from vllm_bundle.tree.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper, zig_target
+from vllm_bundle.util.elf import dynamic_info
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 RECIPES = load_recipes(REPO / "recipes")
@@ -206,7 +206,7 @@ def test_the_root_stage_refuses_a_bundle_without_its_toolchain(tmp_path: Path) -
 
 
 def test_tier0_checks_the_wrapper_and_the_zig_it_runs(root: Path) -> None:
-    from vllm_bundle.assemble import Layout
+    from vllm_bundle.tree.assemble import Layout
 
     passed = check_toolchain(Layout(root, PYTHON_MINOR))
     assert passed.passed, passed.problems
@@ -237,7 +237,7 @@ def tiny_bundle(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_tier0_builds_a_c_extension_with_the_moved_bundles_cc(tiny_bundle: Path) -> None:
-    from vllm_bundle.assemble import Layout
+    from vllm_bundle.tree.assemble import Layout
 
     rules = QualifyRules(frozenset(), (), ("json",))
     passed = check_relocated_smoke(Layout(tiny_bundle, PYTHON_MINOR), rules)

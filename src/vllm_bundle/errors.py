@@ -83,3 +83,7 @@ class DiskFullError(FetchError):
 
 class InvalidValueError(BundleError):
     """A value read from a manifest, a lock, an index page or a flag is not of the form it must have."""
+
+
+class InstallError(BundleError):
+    """The release cannot be installed as given."""

@@ -16,7 +16,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import BundleError
-from vllm_bundle.validate import sha256_hex
+from vllm_bundle.util.validate import sha256_hex
 
 RELEASE_JSON = "release.json"
 BACKEND_VERSIONS = "backend_versions.json"

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from vllm_bundle.elf import dynamic_info, patchelf_bin, set_runpath
-from vllm_bundle.facts import IndexFacts
+from vllm_bundle.inputs.facts import IndexFacts
+from vllm_bundle.util.elf import dynamic_info, patchelf_bin, set_runpath
 
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_bundle.facts import ProjectFacts
+from vllm_bundle.inputs.facts import ProjectFacts
 
 from .packaging_fixtures import Content, compile_shared, make_wheel
 from .therock import FACTS

@@ -18,10 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_bundle.cache import Cache
-from vllm_bundle.fetch import Artifact, Fetcher
-from vllm_bundle.progress import PlainReporter
-from vllm_bundle.simple_index import project_files
+from vllm_bundle.inputs.simple_index import project_files
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.progress import PlainReporter
 
 PYPI_URL = "https://pypi.org/simple/"
 

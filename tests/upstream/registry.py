@@ -22,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from vllm_bundle.gpu_qualify import free_port
+from vllm_bundle.util.transport import free_port
 
 REGISTRY_BINARIES = ("docker-registry", "registry")
 INSTALL_HINT = "install Debian's docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)"

@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_bundle.facts import IndexFacts, ProjectFacts, load_facts
+from vllm_bundle.inputs.facts import IndexFacts, ProjectFacts, load_facts
 
 from .packaging_fixtures import Content, make_tarball, make_wheel
 

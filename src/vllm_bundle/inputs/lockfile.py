@@ -1,0 +1,340 @@
+"""Lock files: the exact, hashed inputs of one (channel, target).
+
+``recipes/locks/<channel>/<target>.toml`` pins the non-wheel artifacts (the CPython tarball, the vLLM
+source release, the triton_kernels source) and records the recipe hash it was made from;
+``pylock.<target>.toml`` (PEP 751, written by uv) pins every wheel. The TOML lock records the pylock's
+sha256, so neither file can be edited or swapped alone without ``lock --check`` noticing.
+
+What only the vLLM build needs (rocm-sdk-devel, cmake, ...) is the pylock's dependency group ``build``:
+those packages carry the marker ``'build' in dependency_groups`` (PEP 751), so a plain install of the
+lock, the bundle's, leaves them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import tomli_w
+from packaging.markers import InvalidMarker, Marker
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+from vllm_bundle.errors import BundleError, LockError, LockMissingError
+from vllm_bundle.util.fetch import Artifact
+from vllm_bundle.util.validate import sha256_hex
+
+LOCK_VERSION = 4
+BUILD_GROUP = "build"
+BUILD_MARKER = f"'{BUILD_GROUP}' in dependency_groups"
+
+
+@dataclass(frozen=True)
+class Lock:
+    target: str
+    channel: str
+    recipe_hash: str
+    pylock_sha256: str
+    source_date_epoch: int
+    versions: Mapping[str, str]
+    artifacts: tuple[Artifact, ...]  # non-wheel inputs, by role
+    roles: Mapping[str, str] = field(default_factory=dict)  # role -> sha256
+
+    def artifact(self, role: str) -> Artifact:
+        sha = self.roles.get(role)
+        for artifact in self.artifacts:
+            if artifact.sha256 == sha:
+                return artifact
+        raise LockError(f"the lock for {self.channel}/{self.target} has no {role} artifact", "re-lock")
+
+
+def lock_paths(locks_dir: Path, channel: str, target: str) -> tuple[Path, Path]:
+    base = locks_dir / channel
+    # PEP 751 requires the name pylock.<name>.toml for a lock file that is not plain pylock.toml.
+    return base / f"{target}.toml", base / f"pylock.{target}.toml"
+
+
+def render_lock(lock: Lock, header: str) -> bytes:
+    doc: dict[str, Any] = {
+        "lock-version": LOCK_VERSION,
+        "target": lock.target,
+        "channel": lock.channel,
+        "recipe-hash": lock.recipe_hash,
+        "pylock-sha256": lock.pylock_sha256,
+        "source-date-epoch": lock.source_date_epoch,
+        "versions": dict(sorted(lock.versions.items())),
+        "artifacts": [
+            {
+                "role": role,
+                "name": a.name,
+                "filename": a.filename,
+                "url": a.url,
+                "size": a.size,
+                "sha256": a.sha256,
+            }
+            for role, sha in sorted(lock.roles.items())
+            for a in lock.artifacts
+            if a.sha256 == sha
+        ],
+    }
+    doc["content-sha256"] = content_digest(doc)
+    return (header + tomli_w.dumps(doc)).encode()
+
+
+def content_digest(doc: Mapping[str, Any]) -> str:
+    """The hash of every field of a lock but this one: an edit by hand (a size, a sha256, an URL) shows."""
+    fields = {key: value for key, value in doc.items() if key != "content-sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _load_toml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise LockMissingError(
+            f"no {what} at {path}",
+            "make it with `nox -s lock -- <target> --channel <channel>` where upstream is reachable",
+        ) from None
+    except tomllib.TOMLDecodeError as err:
+        raise LockError(f"{path} is not valid TOML ({err})", "re-lock instead of editing by hand") from None
+
+
+def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[str, Any]]:
+    """Read and cross-check both lock files; returns the lock and the parsed pylock."""
+    lock_path, pylock_path = lock_paths(locks_dir, channel, target)
+    doc = _load_toml(lock_path, f"lock for {channel}/{target}")
+    if doc.get("lock-version") != LOCK_VERSION:
+        raise LockError(
+            f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
+            "re-lock with this version of the tool",
+        )
+    if doc.get("content-sha256") != content_digest(doc):
+        raise LockError(
+            f"{lock_path} was edited by hand (its content-sha256 does not match its fields)",
+            "re-lock instead of editing lock files by hand",
+        )
+    _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
+    pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
+    if pylock_sha != doc.get("pylock-sha256"):
+        raise LockError(
+            f"{pylock_path.name} does not match {lock_path.name} (pylock-sha256 differs): "
+            "one was edited or replaced alone",
+            "re-lock instead of editing lock files by hand",
+        )
+    fields = _Fields(lock_path, doc)
+    entries = [_Fields(lock_path, entry, f"artifacts[{n}]") for n, entry in enumerate(fields.tables("artifacts"))]
+    artifacts = tuple(
+        Artifact(e.text("name"), e.file_name("filename"), e.text("url"), e.sha256("sha256"), e.size("size"))
+        for e in entries
+    )
+    lock = Lock(
+        target=fields.text("target"),
+        channel=fields.text("channel"),
+        recipe_hash=fields.text("recipe-hash"),
+        pylock_sha256=pylock_sha,
+        source_date_epoch=fields.whole("source-date-epoch", "a whole number of seconds"),
+        versions=fields.texts("versions"),
+        artifacts=artifacts,
+        roles={e.text("role"): a.sha256 for e, a in zip(entries, artifacts, strict=True)},
+    )
+    with pylock_path.open("rb") as handle:
+        pylock = tomllib.load(handle)
+    check_pylock(pylock, pylock_path)
+    return lock, pylock
+
+
+def toml_kind(value: object) -> str:
+    """How a TOML value is called in an error: "a string", "an array", "a table", ..."""
+    kinds: list[tuple[type | tuple[type, ...], str]] = [
+        (bool, "a boolean"),  # before int: a bool is an int in Python
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (list, "an array"),
+        (dict, "a table"),
+    ]
+    return next((name for kind, name in kinds if isinstance(value, kind)), "a date or time")
+
+
+class _Fields:
+    """One table of a lock file whose values are checked as they are read: each bad one is a one-line
+    :class:`LockError` naming the file and the field (``artifacts[2].size``), never a traceback. The
+    content hash only shows an edit; a lock re-signed after one must still be refused by type."""
+
+    def __init__(self, path: Path, table: object, prefix: str = "") -> None:
+        self.path, self.prefix = path, prefix
+        if not isinstance(table, dict):
+            raise self.error("", f"is {toml_kind(table)}, not a table")
+        self.table: dict[str, Any] = table
+
+    def error(self, key: str, problem: str) -> LockError:
+        field = ".".join(part for part in (self.prefix, key) if part)
+        return LockError(f"{self.path}: {field} {problem}", "re-lock instead of editing lock files by hand")
+
+    def value(self, key: str, kind: type, expected: str, *, required: bool = True) -> Any:
+        if key not in self.table:
+            if required:
+                raise self.error(key, "is missing")
+            return None
+        value = self.table[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise self.error(key, f"is {toml_kind(value)}, not {expected}")
+        return value
+
+    def text(self, key: str, *, required: bool = True) -> Any:
+        return self.value(key, str, "a string", required=required)
+
+    def texts(self, key: str) -> dict[str, str]:
+        table = _Fields(self.path, self.value(key, dict, "a table"), f"{self.prefix}.{key}".lstrip("."))
+        return {name: table.text(name) for name in table.table}
+
+    def whole(self, key: str, expected: str, *, required: bool = True) -> Any:
+        value = self.value(key, int, expected, required=required)
+        if value is not None and value < 0:
+            raise self.error(key, f"is {value}, not {expected}")
+        return value
+
+    def size(self, key: str) -> int | None:
+        """A size in bytes; absent means unknown (a lock records one when the index gives it)."""
+        value: int | None = self.whole(key, "a whole number of bytes", required=False)
+        return value
+
+    def sha256(self, key: str, *, required: bool = True) -> Any:
+        if key not in self.table and not required:
+            return None
+        field = ".".join(part for part in (self.prefix, key) if part)
+        try:
+            return sha256_hex(self.table.get(key), f"{self.path}: {field}")
+        except BundleError as err:
+            raise LockError(err.message, "re-lock instead of editing lock files by hand") from None
+
+    def file_name(self, key: str) -> str:
+        name: str = self.text(key)
+        if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+            raise self.error(key, f"is {name[:80]!r}, not a file name")
+        return name
+
+    def tables(self, key: str, *, required: bool = True) -> list[Any]:
+        items: list[Any] = self.value(key, list, "an array of tables", required=required) or []
+        for number, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise self.error(f"{key}[{number}]", f"is {toml_kind(item)}, not a table")
+        return items
+
+
+def check_pylock(pylock: Mapping[str, Any], path: Path) -> None:
+    """Every value of a PEP 751 lock that this tool reads, checked by type (one line naming the file and
+    field): package names, versions and markers; each wheel's url, name, size and sha256."""
+    doc = _Fields(path, dict(pylock))
+    for number, raw in enumerate(doc.tables("packages", required=False)):
+        package = _Fields(path, raw, f"packages[{number}]")
+        package.text("name")
+        package.text("version", required=False)
+        package.text("marker", required=False)
+        for index, wheel_raw in enumerate(package.tables("wheels", required=False)):
+            wheel = _Fields(path, wheel_raw, f"packages[{number}].wheels[{index}]")
+            wheel.text("url")
+            wheel.text("name", required=False)
+            wheel.size("size")
+            hashes = wheel.value("hashes", dict, "a table", required=False)
+            if hashes is not None:
+                _Fields(path, hashes, f"{wheel.prefix}.hashes").sha256("sha256", required=False)
+
+
+def platform_tags(platform: str) -> list[str]:
+    """Linux platform tags a ``<arch>-manylinux_2_<N>`` platform accepts, most specific first."""
+    arch, _, libc = platform.partition("-")
+    if not libc.startswith("manylinux_2_"):
+        raise LockError(f"unsupported platform {platform!r}", "use e.g. 'x86_64-manylinux_2_28'")
+    newest = int(libc.removeprefix("manylinux_2_"))
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags = []
+    for minor in range(newest, 4, -1):
+        tags.append(f"manylinux_2_{minor}_{arch}")
+        if minor in legacy:
+            tags.append(f"{legacy[minor]}_{arch}")
+    return [*tags, f"linux_{arch}"]
+
+
+def supported_tags(python_minor: str, platform: str) -> list[Tag]:
+    version = tuple(int(part) for part in python_minor.split("."))
+    interpreter = f"cp{version[0]}{version[1]}"
+    platforms = platform_tags(platform)
+    return [
+        *cpython_tags(version, abis=[interpreter], platforms=platforms),
+        *compatible_tags(version, interpreter=interpreter, platforms=platforms),
+    ]
+
+
+def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> dict[str, Any] | None:
+    best: tuple[int, dict[str, Any]] | None = None
+    for wheel in package.get("wheels", []):
+        filename = wheel.get("name") or wheel["url"].rsplit("/", 1)[-1]
+        try:
+            tags = parse_wheel_filename(unquote(filename))[3]
+        except InvalidWheelFilename:
+            continue
+        rank = min((ranking[t] for t in tags if t in ranking), default=None)
+        if rank is not None and (best is None or rank < best[0]):
+            best = (rank, wheel)
+    return best[1] if best else None
+
+
+def in_groups(package: Mapping[str, Any], groups: frozenset[str]) -> bool:
+    """Whether a locked package is installed when ``groups`` are asked for (its PEP 751 marker)."""
+    marker = package.get("marker")
+    if not marker:
+        return True
+    try:
+        return Marker(str(marker)).evaluate({"dependency_groups": groups, "extras": frozenset()}, "lock_file")
+    except InvalidMarker:
+        raise LockError(f"locked package {package.get('name')} has a bad marker {marker!r}", "re-lock") from None
+
+
+def wheel_artifacts(
+    pylock: Mapping[str, Any], python_minor: str, platform: str, groups: frozenset[str] = frozenset()
+) -> list[Artifact]:
+    """The one best wheel of each locked package for the bundle's interpreter and platform: by default
+    what the bundle installs; with ``groups`` (e.g. {"build"}) also those groups' packages."""
+    ranking = {tag: i for i, tag in enumerate(supported_tags(python_minor, platform))}
+    artifacts = []
+    for package in pylock.get("packages", []):
+        if not in_groups(package, groups):
+            continue
+        wheel = best_wheel(package, ranking)
+        if wheel is None:
+            raise LockError(
+                f"locked package {package.get('name')} {package.get('version')} has no wheel for "
+                f"CPython {python_minor} on {platform}",
+                "re-lock; if it persists the package only ships an sdist for this platform",
+            )
+        sha = wheel.get("hashes", {}).get("sha256")
+        if not sha:
+            raise LockError(f"locked wheel {wheel['url']} has no sha256", "re-lock")
+        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
+        artifacts.append(Artifact(package["name"], filename, wheel["url"], sha, wheel.get("size")))
+    return artifacts
+
+
+def build_only(pylock: Mapping[str, Any], python_minor: str, platform: str) -> list[Artifact]:
+    """The wheels only the vLLM build needs (the ``build`` group), not installed into the bundle."""
+    everything = wheel_artifacts(pylock, python_minor, platform, frozenset({BUILD_GROUP}))
+    bundled = {a.sha256 for a in wheel_artifacts(pylock, python_minor, platform)}
+    return [a for a in everything if a.sha256 not in bundled]
+
+
+def locked_versions(pylock: Mapping[str, Any]) -> dict[str, str]:
+    """Every package's version (the build group's too)."""
+    return {canonicalize_name(p["name"]): p["version"] for p in pylock.get("packages", [])}
+
+
+def all_wheels(pylock: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
+    for package in pylock.get("packages", []):
+        yield from package.get("wheels", [])

@@ -1,0 +1,120 @@
+"""Read one project's file list from a package index (PEP 691 JSON, or PEP 503 HTML as a fallback).
+
+Only the lock step uses this, to find the vLLM source release; uv resolves the wheels. It is small
+enough that a client library (pypi-simple, with pydantic and BeautifulSoup) would weigh more than it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from html.parser import HTMLParser
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+import requests
+
+from vllm_bundle.errors import LockError, NetworkError
+from vllm_bundle.util.fetch import UNREACHABLE_HINT
+from vllm_bundle.util.transport import check_url, describe
+from vllm_bundle.util.validate import sha256_hex
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+#: What a page that is not there answers: 404 on PyPI and rocm.nightlies.amd.com, 403 on repo.amd.com (an
+#: S3 origin that may not list: ROCm/rocm-cli#194, #271), 410 where a project was removed.
+MISSING = (403, 404, 410)
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    filename: str
+    url: str
+    sha256: str | None
+    size: int | None
+    upload_time: int | None  # seconds since the epoch
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self.links.append((data.strip(), self._href))
+            self._href = None
+
+
+def _split_hash(url: str) -> tuple[str, str | None]:
+    parts = urlsplit(url)
+    algo, _, digest = parts.fragment.partition("=")
+    return urlunsplit(parts._replace(fragment="")), digest if algo == "sha256" and digest else None
+
+
+def _digest(value: object, page: str, filename: str) -> str | None:
+    """An index's sha256 for a file, checked (it becomes a cache path), or None when it gives none."""
+    if value is None:
+        return None
+    return sha256_hex(value.lower() if isinstance(value, str) else value, f"the sha256 {page} gives for {filename}")
+
+
+def _epoch(stamp: str | None) -> int | None:
+    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()) if stamp else None
+
+
+def project_files(session: requests.Session, index: str, project: str) -> list[IndexFile]:
+    page = index.rstrip("/") + f"/{project}/"
+    check_url(page)
+    try:
+        response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"}, timeout=60)
+    except requests.RequestException as err:
+        raise NetworkError(f"cannot read the index page {page}: {describe(err)}", UNREACHABLE_HINT) from None
+    if response.status_code in MISSING:
+        status = response.status_code
+        raise LockError(
+            f"the index {index} has no project {project!r} (HTTP {status})", "check the channel's index URL"
+        )
+    if response.status_code != 200:
+        raise NetworkError(f"the index page {page} answered HTTP {response.status_code}", UNREACHABLE_HINT)
+    if response.headers.get("Content-Type", "").startswith(JSON_TYPE):
+        return [
+            IndexFile(
+                filename=entry["filename"],
+                url=urljoin(page, entry["url"]),
+                sha256=_digest(entry.get("hashes", {}).get("sha256"), page, entry["filename"]),
+                size=entry.get("size"),
+                upload_time=_epoch(entry.get("upload-time")),
+            )
+            for entry in response.json().get("files", [])
+        ]
+    parser = _Anchors()
+    parser.feed(response.text)
+    files = []
+    for text, href in parser.links:
+        url, sha = _split_hash(urljoin(page, href))
+        filename = text or url.rsplit("/", 1)[-1]
+        files.append(IndexFile(filename, url, _digest(sha, page, filename), None, None))
+    return files
+
+
+def page_status(session: requests.Session, url: str) -> int:
+    """The HTTP status of an index page (an index's root, or a project's page)."""
+    check_url(url)
+    try:
+        return session.get(url, headers={"Accept": "text/html"}, timeout=60).status_code
+    except requests.RequestException as err:
+        raise NetworkError(f"cannot read the index page {url}: {describe(err)}", UNREACHABLE_HINT) from None
+
+
+def page_exists(session: requests.Session, url: str) -> bool:
+    """Whether an index page is there: 200 yes, 403/404/410 no."""
+    status = page_status(session, url)
+    if status in MISSING:
+        return False
+    if status != 200:
+        raise NetworkError(f"the index page {url} answered HTTP {status}", UNREACHABLE_HINT)
+    return True

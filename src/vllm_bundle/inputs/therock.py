@@ -1,0 +1,178 @@
+"""What the lock takes from TheRock's index, and only from there.
+
+TheRock owns the ROCm SDK wheels (named by the channel), the torch family, triton and the device-code
+packages; its index also mirrors PyPI packages (numpy, setuptools, ...) that must keep coming from PyPI.
+The lock pins TheRock's part from what the host wheels themselves declare (TheRock's build writes it:
+external-builds/pytorch/build_prod_wheels.py, rocm-systems rocm_kpack/wheel_splitter.py):
+
+- torch requires ``rocm[libraries]==<sdk version>``: the SDK wheels are pinned to that version, so torch
+  and the SDK are one ROCm build whatever range the channel allows;
+- torch requires ``triton==<version>``: triton is pinned to it;
+- torch and torchvision name their device code through extras ``device-<isa>`` (the target's package and
+  the sub-family or family packages the index has): those names, pinned, and the SDK's per-ISA
+  ``rocm-sdk-device-<isa>``, never a name guessed and probed (a missing page on repo.amd.com answers 403).
+
+``rocm`` itself is published as an sdist only; it is pinned as such and built into the bundle (its
+``rocm_sdk`` module is what torch imports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from email.message import Message
+
+import requests
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from vllm_bundle.errors import LockError
+from vllm_bundle.inputs.remote_wheel import wheel_metadata
+from vllm_bundle.inputs.simple_index import page_exists, project_files
+from vllm_bundle.recipes import Channel, Recipes, Target
+from vllm_bundle.util.fetch import Artifact, Fetcher
+
+ROCM_META = "rocm"
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A requirement resolved from TheRock's index only."""
+
+    name: str
+    specifier: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.name}{self.specifier}"
+
+
+def require_index(session: requests.Session, index: str, channel: Channel, target: Target) -> None:
+    """One line instead of a resolver's 404 when the channel has no index for the target."""
+    if page_exists(session, index):
+        return
+    if channel.therock_layout == "per-family":
+        raise LockError(
+            f"TheRock has no per-family index for {target.name} at {index}: the legacy per-family indexes are "
+            "frozen, some were removed, and some families never had one",
+            "use a multi-arch channel (--channel stable or nightly)",
+        )
+    raise LockError(f"TheRock's index {index} does not exist", f"check therock-index of channel {channel.name}")
+
+
+def torch_specifier(recipes: Recipes, channel: Channel) -> str:
+    """The channel's torch versions, narrowed to those the pinned vLLM version supports."""
+    return str(SpecifierSet(channel.versions["torch"]) & SpecifierSet(recipes.vllm.torch))
+
+
+@dataclass(frozen=True)
+class Host:
+    """A TheRock wheel the channel selects (torch, torchvision, triton) and what its METADATA declares."""
+
+    name: str
+    version: str
+    url: str
+    exact: Mapping[str, str] = field(default_factory=dict)  # requirement -> the one version it pins (==)
+    devices: Mapping[str, tuple[Owned, ...]] = field(default_factory=dict)  # ISA -> its device-<isa> extra
+
+
+def _exact(requirement: Requirement) -> str | None:
+    pins = [spec.version for spec in requirement.specifier if spec.operator in ("==", "===")]
+    return pins[0] if len(pins) == 1 else None
+
+
+def requirements_of(metadata: Message) -> list[Requirement]:
+    """A METADATA's ``Requires-Dist`` entries (an entry packaging cannot parse is no requirement)."""
+    found = []
+    for text in metadata.get_all("Requires-Dist") or []:
+        try:
+            found.append(Requirement(text))
+        except InvalidRequirement:
+            continue
+    return found
+
+
+def in_extra(requirement: Requirement, extra: str) -> bool:
+    """Whether a requirement applies only with ``extra`` (e.g. ``device-gfx1151``)."""
+    marker = requirement.marker
+    return marker is not None and marker.evaluate({"extra": extra}) and not marker.evaluate({"extra": ""})
+
+
+def read_host(session: requests.Session, name: str, version: str, url: str, isas: tuple[str, ...]) -> Host:
+    """What the wheel at ``url`` declares: exact pins of its plain requirements, and for each ISA the
+    packages its ``device-<isa>`` extra requires (empty where it has no such extra)."""
+    exact: dict[str, str] = {}
+    devices: dict[str, list[Owned]] = {isa: [] for isa in isas}
+    for requirement in requirements_of(wheel_metadata(session, url)):
+        pinned = _exact(requirement)
+        if requirement.marker is None and pinned:
+            exact[canonicalize_name(requirement.name)] = pinned
+        for isa in isas:
+            if in_extra(requirement, f"device-{isa}"):
+                devices[isa].append(Owned(requirement.name, str(requirement.specifier)))
+    return Host(name, version, url, exact, {isa: tuple(found) for isa, found in devices.items()})
+
+
+def _local(version: str) -> str | None:
+    return Version(version).local
+
+
+def pinned_stack(recipes: Recipes, target: Target, channel: Channel, hosts: Mapping[str, Host]) -> list[Owned]:
+    """TheRock's packages of the bundle, each pinned to one version: the SDK at the version torch requires,
+    triton at torch's, each ISA's device code as torch and torchvision declare it."""
+    torch = hosts.get("torch")
+    if torch is None or "rocm" not in torch.exact:
+        raise LockError(
+            "torch from TheRock's index declares no rocm[libraries]==<version>",
+            "this is not one of TheRock's torch builds: check the channel's index",
+        )
+    sdk = torch.exact["rocm"]
+    allowed = SpecifierSet(channel.versions["rocm"])
+    if not allowed.contains(sdk, prereleases=channel.prereleases):
+        raise LockError(
+            f"torch {torch.version} requires ROCm {sdk}, which channel {channel.name} does not allow (rocm {allowed})",
+            "change the versions of rocm or torch in recipes/channels.toml to agree",
+        )
+    pins = {name: host.version for name, host in hosts.items()}
+    for name in pins:
+        if name in torch.exact and name != "torch":
+            pins[name] = torch.exact[name]  # torch's word on triton (its build pinned it)
+    for name, host in hosts.items():  # hosts with device code are split from one build: one local version
+        if any(host.devices.values()) and _local(host.version) != _local(torch.version):
+            raise LockError(
+                f"{name} {host.version} and torch {torch.version} are not one ROCm build",
+                f"narrow {name} in recipes/channels.toml to the release built with this torch",
+            )
+    owned = [Owned(name, f"=={sdk}") for name in channel.sdk_wheels_for(target)]
+    owned += [Owned(name, f"=={version}") for name, version in pins.items()]
+    if channel.therock_layout == "multi-arch":
+        prefix = recipes.device_packages["rocm"]
+        owned += [Owned(f"{prefix}-{isa}", f"=={sdk}") for isa in target.isas]
+        for name, host in hosts.items():
+            for isa, packages in host.devices.items():
+                if not packages and name == "torch":
+                    raise LockError(
+                        f"torch {host.version} on TheRock's index declares no device code for {isa} "
+                        f"(no extra device-{isa})",
+                        f"check that channel {channel.name} serves {target.name}",
+                    )
+                owned += packages
+    unique: dict[str, Owned] = {}
+    for item in owned:
+        unique.setdefault(str(canonicalize_name(item.name)), item)
+    return list(unique.values())
+
+
+def lock_rocm_sdist(fetcher: Fetcher, index: str, version: str) -> Artifact:
+    """The ``rocm`` meta package's sdist in the SDK's version, hashed from its bytes when the index
+    does not say."""
+    filename = f"{ROCM_META}-{version}.tar.gz"
+    entry = next((f for f in project_files(fetcher.session, index, ROCM_META) if f.filename == filename), None)
+    if entry is None:
+        raise LockError(f"TheRock's index {index} has no {filename}", "the SDK wheels and rocm must be one release")
+    if entry.sha256:
+        path = fetcher.fetch_one(Artifact(ROCM_META, filename, entry.url, entry.sha256, entry.size))
+        return Artifact(ROCM_META, filename, entry.url, entry.sha256, path.stat().st_size)
+    return fetcher.measure(ROCM_META, filename, entry.url)

@@ -1,0 +1,448 @@
+"""``vllm-bundle install``: a verified, atomic install of a released bundle.
+
+From a release (an URL serving its assets, or a directory holding them) or from a
+``backend_versions.json`` plus a target: read ``<tag>-x64.partcount``, download the parts (resumable,
+parallel, with progress, through the verified cache), check each against the release's checksums,
+extract the concatenated parts safely (with progress) into a staging directory beside the destination, write
+``version.txt`` (the tag, no newline), and swap the staging directory into place. The previous install
+stays untouched until the new one is complete; an install of the tag already present does nothing.
+
+Every value read from a manifest is checked before use (a tag is a plain name, a target one of the
+target table's, a checksum a sha256): a manifest never chooses a path. Every directory a run makes beside
+the destination carries a marker of ours from its creation to its removal (the markers go last), so
+what a killed run leaves is recognised and removed by the next one, under the destination's lock; a
+swap killed half way is rolled back first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import requests
+from filelock import FileLock, Timeout
+
+from vllm_bundle.errors import DiskFullError, InstallError, NetworkError
+from vllm_bundle.manifests import (
+    RELEASE_JSON,
+    ManifestError,
+    json_kind,
+    part_name,
+    pinned_tag,
+    read_backend_versions,
+)
+from vllm_bundle.paths import default_recipes
+from vllm_bundle.recipes import load_targets
+from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.parts import extract_parts
+from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
+from vllm_bundle.util.validate import sha256_hex
+
+VERSION_FILE = "version.txt"
+MARKER = ".vllm-bundle-install"  # in every install this tool made: the only directories it replaces
+STAGING_MARKER = ".vllm-bundle-staging"  # in a staging directory until the install marker is written
+GITHUB_DOWNLOAD = "https://github.com/{repo}/releases/download/{tag}/"
+#: A tag names files (its parts, ``version.txt``) and URL path segments: one plain name, never a path.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+#: What a run makes beside ``<dest>``: ``.<dest>.staging-XXXXXXXX`` and ``.<dest>.previous-XXXXXXXX`` (hex
+#: here; earlier versions' ``tempfile.mkdtemp`` names are lowercase letters, digits and ``_``).
+SCRATCH_SUFFIX = "-[a-z0-9_]{8}"
+#: Seconds to wait for the destination's lock before saying that another install holds it.
+LOCK_NOTICE_AFTER = 1.0
+BAD_RELEASE_HINT = "the release is damaged or was tampered with: do not install it"
+
+
+@dataclass(frozen=True)
+class Release:
+    """What to install: the tag, where its assets are (URL prefix or directory), each part's checksum."""
+
+    tag: str
+    target: str
+    location: str  # "https://.../" (ends with "/") or a directory path
+    checksums: dict[str, str]  # part name -> sha256 hex
+    sizes: dict[str, int]  # part name -> size, when the manifest gives them
+    archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
+
+    @property
+    def stem(self) -> str:
+        return f"{self.tag}-x64"
+
+    def is_url(self) -> bool:
+        return urlsplit(self.location).scheme in ("http", "https")
+
+
+def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
+    """A small asset (manifest, partcount) from an URL prefix or a directory. A body cut off midway is
+    fetched again (urllib3 already retries connect errors and 429/5xx answers)."""
+    if urlsplit(location).scheme not in ("http", "https"):
+        path = Path(location) / name
+        try:
+            return path.read_bytes()
+        except OSError as err:
+            raise InstallError(f"cannot read {path}: {err.strerror}", "is this a release directory?") from None
+    url = location + quote(name)
+    check_url(url)
+    with make_session(policy) as session:
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                answer = session.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
+                if answer.status_code != 200:
+                    raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
+                return answer.content
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as err:
+                if attempt == policy.attempts or is_connect_failure(err):
+                    raise NetworkError(
+                        f"cannot download {url}: {describe(err)}", "check the URL and your network"
+                    ) from None
+                time.sleep(policy.delay(attempt))
+    raise AssertionError("unreachable")
+
+
+def _as_location(source: str) -> str:
+    return source if source.endswith("/") or not urlsplit(source).scheme else source + "/"
+
+
+def _field(doc: dict[str, Any], key: str, where: str) -> object:
+    """``doc[key]``; ``where`` names ``doc`` (its file and field)."""
+    if key not in doc:
+        raise ManifestError(f"{where} has no {key}", BAD_RELEASE_HINT)
+    return doc[key]
+
+
+def _object(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where} is {json_kind(value)}, not a JSON object", BAD_RELEASE_HINT)
+    return value
+
+
+def _string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ManifestError(f"{where} is {json_kind(value)}, not a string", BAD_RELEASE_HINT)
+    return value
+
+
+def _size(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(f"{where} is {str(value)[:40]!r}, not a size (a whole number >= 0)", BAD_RELEASE_HINT)
+    return value
+
+
+def plain_name(value: object, where: str) -> str:
+    """``value`` if it is one plain name (a tag: letters, digits, ``.``, ``_``, ``+``, ``-``; no ``/``, no
+    ``..``, no NUL); ``where`` names the file and field it came from."""
+    if isinstance(value, str) and PLAIN_NAME.fullmatch(value) and ".." not in value:
+        return value
+    raise ManifestError(
+        f"{where} is not a plain name (letters, digits, '.', '_', '+', '-'; no '/' or '..'): {str(value)[:80]!r}",
+        BAD_RELEASE_HINT,
+    )
+
+
+def _known_target(value: object, targets: Collection[str], where: str) -> str:
+    """A release's target picks the default install directory: it must be a name of the target table."""
+    if isinstance(value, str) and value in targets:
+        return value
+    raise ManifestError(
+        f"{where} is {str(value)[:80]!r}, not a target of this tool ({', '.join(targets)})", BAD_RELEASE_HINT
+    )
+
+
+def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[str] | None = None) -> Release:
+    """A release URL (``.../releases/download/<tag>/``) or directory: its ``release.json`` says it all.
+    ``targets``: the target names its ``target`` may have (default: the packaged target table's)."""
+    location = _as_location(source)
+    where = location + RELEASE_JSON if urlsplit(location).scheme else str(Path(location) / RELEASE_JSON)
+    try:
+        loaded = json.loads(_read_asset(location, RELEASE_JSON, policy))
+    except ValueError as err:
+        raise ManifestError(f"{where} is not a release manifest ({err})", BAD_RELEASE_HINT) from None
+    doc = _object(loaded, where)
+    tag = plain_name(_field(doc, "tag", where), f"{where} tag")
+    known = load_targets(default_recipes()) if targets is None else targets
+    target = _known_target(_field(doc, "target", where), known, f"{where} target")
+    archive = _object(_field(doc, "archive", where), f"{where} archive")
+    parts = _field(archive, "parts", f"{where} archive")
+    if not isinstance(parts, list):
+        raise ManifestError(f"{where} archive.parts is {json_kind(parts)}, not an array", BAD_RELEASE_HINT)
+    checksums, sizes = {}, {}
+    for number, value in enumerate(parts):
+        field = f"{where} archive.parts[{number}]"
+        part = _object(value, field)
+        name = _string(_field(part, "name", field), f"{field}.name")
+        checksums[name] = sha256_hex(_field(part, "sha256", field), f"{field}.sha256")
+        sizes[name] = _size(_field(part, "size", field), f"{field}.size")
+    whole = archive.get("sha256")
+    archive_sha256 = None if whole is None else sha256_hex(whole, f"{where} archive.sha256")
+    return Release(tag, target, location, checksums, sizes, archive_sha256)
+
+
+def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Release:
+    """Lemonade's way: ``backend_versions.json`` pins ``<tag without target>``; the checksums name the repo.
+    Every field is checked first (:func:`vllm_bundle.manifests.check_backend_versions`: one line naming the
+    file and field), and the tag must be a plain name."""
+    doc = read_backend_versions(pins_file)
+    where = str(pins_file)
+    overridden = target in doc["vllm"].get("rocm_arch_overrides", {})
+    pin_field = f"vllm.rocm_arch_overrides.{target}" if overridden else "vllm.rocm"
+    tag = plain_name(pinned_tag(doc, target, where), f"{where} {pin_field} (with -{target})")
+    repos: dict[str, dict[str, dict[str, str]]] = doc["checksums"]["github"]
+    found = [(repo, tags[tag]) for repo, tags in repos.items() if tag in tags]
+    if not found:
+        raise InstallError(f"{pins_file} has no checksums for {tag}", f"is {target} part of this release?")
+    repo, assets = found[0]
+    checksums = {name: digest.removeprefix("sha256:") for name, digest in assets.items()}
+    location = _as_location(mirror) if mirror else GITHUB_DOWNLOAD.format(repo=repo, tag=tag)
+    return Release(tag, target, location, checksums, {})
+
+
+def part_artifacts(release: Release, policy: RetryPolicy) -> list[Artifact]:
+    """Reads ``partcount`` and names every part; each must have a checksum in the manifest."""
+    text = _read_asset(release.location, f"{release.stem}.partcount", policy).decode(errors="replace").strip()
+    if not text.isdigit() or not 1 <= int(text) <= 99:
+        raise ManifestError(f"{release.stem}.partcount holds {text[:20]!r}, not a part count")
+    count = int(text)
+    names = [part_name(release.stem, number, count) for number in range(1, count + 1)]
+    unknown = [name for name in names if name not in release.checksums]
+    if unknown or len(release.checksums) != count:
+        raise ManifestError(
+            f"partcount says {count} parts, the manifest checksums {len(release.checksums)} "
+            f"({', '.join(sorted(release.checksums))})",
+            "the release is incomplete or mixed up; re-publish it",
+        )
+    return [
+        Artifact(name, name, _asset_url(release, name), release.checksums[name], release.sizes.get(name))
+        for name in names
+    ]
+
+
+def _asset_url(release: Release, name: str) -> str:
+    """An URL for a part; for a release directory, the fetcher reads ``location`` as its mirror."""
+    return release.location + quote(name) if release.is_url() else (Path(release.location).absolute() / name).as_uri()
+
+
+def _rename_exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one step with renameat2(RENAME_EXCHANGE) (Linux >= 3.15, glibc >= 2.28).
+    Hand-written because neither os nor a maintained library exposes it; False when unsupported."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), rename_exchange)
+    return bool(result == 0)
+
+
+def _scratch_dir(dest: Path, kind: str) -> Path:
+    """A new, empty ``.<dest>.<kind>-XXXXXXXX`` beside ``dest`` (the same file system, for the renames)."""
+    while True:
+        path = dest.with_name(f".{dest.name}.{kind}-{secrets.token_hex(4)}")
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
+
+
+def _remove_tree(path: Path) -> None:
+    """``path`` and everything in it, our markers last: a removal cut short leaves a directory the next
+    run still knows as ours (and removes)."""
+    markers = [path / MARKER, path / STAGING_MARKER]
+    for entry in [*(entry for entry in path.iterdir() if entry not in markers), *markers]:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink(missing_ok=True)
+    path.rmdir()
+
+
+def _leftovers(dest: Path, kinds: str = "staging|previous") -> list[Path]:
+    """The directories runs for ``dest`` made beside it (``.<dest>.staging-*``, ``.<dest>.previous-*``),
+    matched by exact name: ``dest``'s name is not a pattern (``v[1]`` never matches ``v1``'s)."""
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(?:{kinds}){SCRATCH_SUFFIX}")
+    try:
+        found = sorted(path for path in dest.parent.iterdir() if pattern.fullmatch(path.name))
+    except OSError:
+        return []
+    return [path for path in found if path.is_dir() and not path.is_symlink()]
+
+
+def _marked(directory: Path) -> bool:
+    return any((directory / marker).is_file() for marker in (MARKER, STAGING_MARKER))
+
+
+def _empty(directory: Path) -> bool:
+    try:
+        return not any(directory.iterdir())
+    except OSError:
+        return False
+
+
+def recover(dest: Path, say: Callable[[str], None]) -> None:
+    """A swap without RENAME_EXCHANGE killed between its two renames leaves no ``dest``, and the previous
+    install beside it as ``.<dest>.previous-*``: put it back (the caller holds ``dest``'s lock)."""
+    if os.path.lexists(dest):
+        return
+    moved = [path for path in _leftovers(dest, "previous") if (path / MARKER).is_file() or _empty(path)]
+    if moved:
+        latest = max(moved, key=lambda path: path.stat().st_mtime_ns)
+        latest.rename(dest)
+        if (dest / MARKER).is_file():
+            say(f"put back the install a killed run had moved aside: {dest}")
+
+
+def sweep(dest: Path) -> None:
+    """Remove what killed runs for ``dest`` left beside it: each such directory carries a marker of ours
+    or is empty (made, then killed before it was marked); anything else there is left alone. Only under
+    ``dest``'s lock: a live install's staging is never another run's leftover."""
+    for path in _leftovers(dest):
+        with suppress(OSError):
+            if _marked(path):
+                _remove_tree(path)
+            elif _empty(path):
+                path.rmdir()
+
+
+def swap_into_place(staging: Path, dest: Path) -> None:
+    """``staging`` becomes ``dest``; an existing ``dest`` (an install of ours, checked by the caller) is
+    removed only once the new one is in place. Without RENAME_EXCHANGE (NFS) the swap is two renames: a
+    run killed between them is rolled back by the next (:func:`recover`)."""
+    if not os.path.lexists(dest):
+        staging.rename(dest)
+        return
+    if _rename_exchange(staging, dest):
+        _remove_tree(staging)  # now the previous install (marked: ours) or the empty folder it replaced
+        return
+    previous = _scratch_dir(dest, "previous")
+    dest.rename(previous)  # onto the empty directory just made: a name nobody else uses
+    try:
+        staging.rename(dest)
+    except OSError:
+        previous.rename(dest)
+        raise
+    _remove_tree(previous)
+
+
+def installed_tag(dest: Path) -> str | None:
+    try:
+        return (dest / VERSION_FILE).read_text()
+    except OSError:
+        return None
+
+
+def _ours(directory: Path) -> bool:
+    """An install made by this tool: it holds our marker. Nothing else counts (a folder that merely holds
+    a version.txt and a bin/vllm-server may be anyone's)."""
+    return (directory / MARKER).is_file()
+
+
+def check_destination(dest: Path) -> None:
+    """Install only ever replaces a directory it made, or fills a new or empty one; anything else is
+    refused with nothing touched."""
+    hint = "pick a new or empty --dest, or the directory of an earlier install; nothing was changed"
+    if dest.is_symlink():
+        raise InstallError(f"--dest {dest} is a symlink", "pass the directory it points to as --dest")
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise InstallError(f"--dest {dest} exists and is not a directory", hint)
+    if any(dest.iterdir()) and not _ours(dest):
+        raise InstallError(f"--dest {dest} is not an install made by vllm-bundle (it holds other files)", hint)
+
+
+@contextmanager
+def _staging(dest: Path) -> Iterator[Path]:
+    """A new staging directory beside ``dest``, marked as ours from the start; removed on the way out
+    unless it was swapped into place."""
+    staging = _scratch_dir(dest, "staging")
+    try:
+        (staging / STAGING_MARKER).touch()
+        yield staging
+    finally:
+        if os.path.lexists(staging):
+            with suppress(OSError):
+                _remove_tree(staging)
+
+
+@contextmanager
+def _destination_lock(dest: Path, say: Callable[[str], None]) -> Iterator[None]:
+    """``dest``'s lock, beside it. The lock file is made here first: where none can be made (``/proc``,
+    a read-only folder) that is one error at once, where FileLock would retry forever. An install that
+    holds the lock is waited for, saying so."""
+    path = dest.with_name(f".{dest.name}.vllm-bundle.lock")
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=LOCK_NOTICE_AFTER)
+    except Timeout:
+        say(f"another install into {dest} is running (it holds {path}); waiting for it to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def install_release(
+    release: Release,
+    dest: Path,
+    fetcher: Fetcher,
+    policy: RetryPolicy,
+    say: Callable[[str], None] = _say,
+) -> bool:
+    """Install ``release`` at ``dest``; False when that tag was already installed there."""
+    dest = dest.absolute()
+    check_destination(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _destination_lock(dest, say):
+            recover(dest, say)  # a swap cut short: the previous install back first
+            sweep(dest)  # what killed runs left beside it
+            check_destination(dest)  # again, now that no other installer can change it
+            installed = _install_locked(release, dest, fetcher, policy, say)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFullError(f"the disk under {dest.parent} is full", "free space and retry") from None
+        where = err.filename or dest.parent
+        raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
+    if installed:
+        say(f"installed {release.tag}: {dest / 'bin' / 'vllm-server'}")
+    return installed
+
+
+def _install_locked(
+    release: Release, dest: Path, fetcher: Fetcher, policy: RetryPolicy, say: Callable[[str], None]
+) -> bool:
+    if installed_tag(dest) == release.tag and _ours(dest):
+        say(f"{release.tag} is already installed in {dest}; nothing to do")
+        return False
+    artifacts = part_artifacts(release, policy)
+    say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
+    fetched = fetcher.fetch_all(artifacts)
+    with _staging(dest) as staging:
+        parts = [fetched[a.sha256] for a in artifacts]
+        extract_parts(parts, staging, release.tag, release.archive_sha256, fetcher.reporter)  # the download's display
+        launcher = staging / "bin" / "vllm-server"
+        if not launcher.is_file() or not os.access(launcher, os.X_OK):
+            raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
+        for name in (VERSION_FILE, MARKER):
+            (staging / name).unlink(missing_ok=True)  # never written through a link the archive put there
+            (staging / name).write_text(release.tag)
+        (staging / STAGING_MARKER).unlink()  # after the install marker: the directory always carries one
+        swap_into_place(staging, dest)
+    return True

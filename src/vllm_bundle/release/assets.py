@@ -1,0 +1,150 @@
+"""The ``release`` stage: the bundle root as release assets in ``bundles/<tag>/``.
+
+<tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball)
+<tag>-x64.partcount             MM (also for a single part)
+<tag>-x64.cdx.json              CycloneDX SBOM
+release.json                    tag, target, channel, versions, lock hash, source date, archive, parts,
+                                qualification (tier 0 here; GPU tiers merged later)
+backend_versions.json           Lemonade's pin + checksums of every part
+SHA256SUMS                      of every other file here
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_bundle.errors import BundleError
+from vllm_bundle.inputs.lockfile import Lock, lock_paths
+from vllm_bundle.manifests import (
+    BACKEND_VERSIONS,
+    DEFAULT_LEVEL,
+    DEFAULT_PART_SIZE,
+    RELEASE_JSON,
+    REPO_ENV,
+    backend_versions,
+    dump_json,
+    release_tag,
+    write_sha256sums,
+)
+from vllm_bundle.paths import checkout_git
+from vllm_bundle.release.archive import archiver, write_archive
+from vllm_bundle.release.sbom import build_sbom
+from vllm_bundle.tree.assemble import Layout
+from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
+
+STAGE_VERSION = 4
+GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    repo: str
+    part_size: int = DEFAULT_PART_SIZE
+    level: int = DEFAULT_LEVEL
+    source_date: int | None = None  # else $SOURCE_DATE_EPOCH, else the lock's
+
+
+def source_date(lock: Lock, override: int | None) -> int:
+    if override is not None:
+        return override
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    if env:
+        if not env.isdigit():
+            raise BundleError(f"SOURCE_DATE_EPOCH={env!r} is not a number of seconds", "unset it or fix it")
+        return int(env)
+    return lock.source_date_epoch
+
+
+def default_repo(configured: str | None) -> str:
+    """``--repo``, else ``$GITHUB_REPOSITORY``, else the GitHub ``origin`` of the checkout this tool runs
+    from; "" when none is known (the bundle refuses that after the lock check, before any stage)."""
+    return configured or os.environ.get(REPO_ENV, "") or _origin_repo()
+
+
+def _origin_repo() -> str:
+    match = GITHUB_REMOTE.search(checkout_git("config", "--get", "remote.origin.url"))
+    return f"{match['owner']}/{match['name']}" if match else ""
+
+
+def release_stage(
+    *,
+    lock: Lock,
+    locks_dir: Path,
+    target: str,
+    minor: str,
+    root: StageResult,
+    vllm_version: str,
+    wheel_hashes: Mapping[str, str],
+    bundles_dir: Path,
+    options: ReleaseOptions,
+    tier0: Mapping[str, bool],
+    vllm_build: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> StageResult:
+    """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part.
+    ``tier0`` maps each tier 0 check to whether it passed (recorded in release.json; GPU tiers add
+    theirs later, see :mod:`vllm_bundle.qualify.gpu`); ``vllm_build`` says how vLLM was built (its
+    device; for ROCm, the ISAs each extension carries code for)."""
+    tag = release_tag(vllm_version, lock.versions["rocm"], target)
+    stem = f"{tag}-x64"
+    date = source_date(lock, options.source_date)
+    lock_hash = file_digest(*lock_paths(locks_dir, lock.channel, target))
+    versions = {**lock.versions, "vllm": vllm_version}
+    inputs = {
+        "root": root.key,
+        "date": date,
+        "part_size": options.part_size,
+        "level": options.level,
+        "repo": options.repo,
+        "versions": versions,
+        "lock": lock_hash,
+        "tier0": dict(tier0),
+        "archiver": archiver(),
+        "vllm_build": dict(vllm_build or {}),
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        parts, size, digest = write_archive(
+            root.path, tmp, stem, date, part_size=options.part_size, level=options.level
+        )
+        (tmp / f"{stem}.partcount").write_text(f"{len(parts):02d}")
+        artifact_hashes = {
+            role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
+        }
+        (tmp / f"{stem}.cdx.json").write_bytes(
+            build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes)
+        )
+        part_entries = [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in parts]
+        release = {
+            "tag": tag,
+            "target": target,
+            "channel": lock.channel,
+            "versions": versions,
+            "vllm_build": dict(vllm_build or {}),
+            "lock_sha256": lock_hash,
+            "source_date_epoch": date,
+            "archive": {
+                "size": size,
+                "sha256": digest,
+                "format": "tar+gzip",
+                "level": options.level,
+                "archiver": archiver(),
+                "parts": part_entries,
+            },
+            "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
+        }
+        (tmp / RELEASE_JSON).write_bytes(dump_json(release))
+        checksums = {p.path.name: p.sha256 for p in parts}
+        (tmp / BACKEND_VERSIONS).write_bytes(dump_json(backend_versions(tag, target, options.repo, checksums)))
+        write_sha256sums(tmp)
+        for asset in tmp.iterdir():  # the same modes whatever the umask
+            asset.chmod(0o644)
+        tmp.chmod(0o755)
+        return {"tag": tag, "parts": len(parts), "size": size}
+
+    return run_stage(bundles_dir / tag, "release", STAGE_VERSION, inputs, build, force=force)

@@ -1,0 +1,302 @@
+"""The assembly stages: ``site`` (CPython + the locked wheels), ``app`` (+ vLLM, relocated, pruned)
+and ``root`` (+ the launcher). Each starts from a hard-linked copy of the one before, so an unchanged
+earlier stage costs no copying; a file that is edited is first given its own copy (relocate.unshare).
+
+Wheels are installed with pypa/installer: exactly the locked files (hashes were checked when they
+entered the cache, and each wheel's RECORD is validated here), no index, no dependency resolution.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import uv
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.exceptions import InstallerError
+from installer.records import Hash, RecordEntry
+from installer.sources import WheelFile
+from installer.utils import Scheme, copyfileobj_with_hashing
+
+from vllm_bundle.errors import BundleError
+from vllm_bundle.recipes import AttentionRule, ServerRule
+from vllm_bundle.tree.launcher import render_launcher, runtime_files
+from vllm_bundle.tree.prune import PruneRules, prune
+from vllm_bundle.tree.records import refresh_records
+from vllm_bundle.tree.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
+from vllm_bundle.tree.stage import StageResult, run_stage
+from vllm_bundle.tree.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper
+from vllm_bundle.util.fetch import require_sha256
+
+STAGE_VERSION = 6
+AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
+#: The library path the launcher sets, in order. TheRock's own binaries find these through their RPATH;
+#: Python extensions and tools run from elsewhere (Triton's, the SDK's clang and its libomp in
+#: lib/llvm/lib, TheRock build_tools/github_actions/test_executable_scripts/pytest_runner.py) do not.
+LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
+
+
+class AssembleError(BundleError):
+    """A wheel could not be installed, or the tree is not what the launcher needs."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things live inside a bundle tree."""
+
+    root: Path
+    minor: str
+
+    @property
+    def site(self) -> Path:
+        return self.root / "lib" / f"python{self.minor}" / "site-packages"
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / f"python{self.minor}"
+
+    def scheme(self) -> dict[str, str]:
+        """Where pypa/installer puts each part of a wheel in this tree."""
+        return {
+            "purelib": str(self.site),
+            "platlib": str(self.site),
+            "headers": str(self.root / "include" / "site" / f"python{self.minor}"),
+            "scripts": str(self.root / "bin"),
+            "data": str(self.root),
+        }
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """Copy a tree as hard links (symlinks kept as symlinks); dest must not exist."""
+    shutil.copytree(src, dest, symlinks=True, copy_function=os.link, dirs_exist_ok=True)
+
+
+def install_wheels(layout: Layout, wheels: Sequence[Path]) -> None:
+    # No spaces (installer would write its own trampoline): fix_shebangs replaces this line.
+    install_into(layout.scheme(), f"/bin/python{layout.minor}", wheels)
+
+
+class _SharedFilesDestination(SchemeDictionaryDestination):
+    """pypa/installer's destination, but a file an earlier wheel of the same install wrote with the very
+    same bytes is no conflict: TheRock's rocm-sdk-libraries and every rocm-sdk-device-* wheel ship one
+    empty ``_rocm_sdk_libraries/__init__.py`` (their setup.py package the same platform directory; pip
+    overwrites it). A different file at the same path is still refused."""
+
+    def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
+        target = Path(self.scheme_dict[scheme]) / path
+        if not target.exists():
+            return super().write_to_fs(scheme, path, stream, is_executable)
+        with tempfile.TemporaryFile() as incoming:
+            digest, size = copyfileobj_with_hashing(stream, incoming, self.hash_algorithm)
+        with target.open("rb") as existing:
+            present = base64.urlsafe_b64encode(hashlib.file_digest(existing, self.hash_algorithm).digest())
+        if present.decode().rstrip("=") != digest:
+            raise FileExistsError(f"{path} is shipped by an earlier wheel with other bytes")
+        return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
+
+
+def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[Path]) -> None:
+    """Install ``wheels`` with pypa/installer into the ``scheme`` directories, each RECORD validated."""
+    destination = _SharedFilesDestination(dict(scheme), interpreter=interpreter, script_kind="posix")
+    for wheel in wheels:
+        try:
+            with WheelFile.open(wheel) as source:
+                source.validate_record()
+                install(source, destination, additional_metadata={"INSTALLER": b"vllm-bundle\n"})
+        except (InstallerError, ValueError, OSError, zipfile.BadZipFile) as err:
+            raise AssembleError(f"cannot install {wheel.name}: {err}", "re-fetch it, or re-lock") from None
+
+
+def expose_amd_smi(layout: Layout) -> bool:
+    """Make the ROCm SDK's ``share/amd_smi`` package importable as ``amdsmi`` (vLLM's ROCm detection)."""
+    if not (layout.site / "_rocm_sdk_core" / "share" / "amd_smi").is_dir():
+        return False
+    (layout.site / AMD_SMI_PTH).write_text("_rocm_sdk_core/share/amd_smi\n")
+    return True
+
+
+def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: int, target_family: str) -> Path:
+    """A pure-Python wheel from a locked sdist (TheRock's ``rocm`` meta package, published only as an
+    sdist), built by uv with the setuptools of this tool's own locked environment, no network,
+    ``SOURCE_DATE_EPOCH`` set and ``ROCM_SDK_TARGET_FAMILY`` given (else its setup.py asks this
+    machine's GPU through ``offload-arch``, rocm_sdk/_dist_info.py): the same bytes on every machine."""
+    work = out_dir / f".build-{filename}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    named = work / filename  # the cache blob is named by its hash; uv reads the name
+    shutil.copyfile(sdist, named)
+    command = [uv.find_uv_bin(), "build", "--no-build-isolation", "--no-config", "--offline", "--wheel"]
+    command += ["--python", sys.executable, "--out-dir", str(out_dir), str(named)]
+    env = {
+        **os.environ,
+        "SOURCE_DATE_EPOCH": str(source_date),
+        "UV_PYTHON_DOWNLOADS": "never",
+        "ROCM_SDK_TARGET_FAMILY": target_family,
+    }
+    before = set(out_dir.glob("*.whl"))
+    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    shutil.rmtree(work, ignore_errors=True)
+    wheels = sorted(set(out_dir.glob("*.whl")) - before)
+    if result.returncode != 0 or len(wheels) != 1:
+        detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise AssembleError(f"cannot build a wheel from {filename}: {detail}", "re-lock, or report the sdist")
+    return wheels[0]
+
+
+def site_stage(
+    python: StageResult,
+    wheels: Mapping[Path, str],
+    minor: str,
+    out: Path,
+    force: bool = False,
+    sdists: Mapping[Path, tuple[str, str]] | None = None,
+    source_date: int = 0,
+    target_family: str = "",
+) -> StageResult:
+    """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
+    the same name with other bytes redoes the stage); ``sdists``: cache blob -> (sha256, file name) of
+    locked source releases built into wheels here. Every input is checked before it is used. Console
+    scripts get the relocatable trampoline here already: the vLLM build runs some (ninja)."""
+    sdists = dict(sdists or {})
+    inputs = {
+        "python": python.key,
+        "wheels": {path.name: sha for path, sha in sorted(wheels.items())},
+        "sdists": {name: sha for sha, name in sorted(sdists.values())},
+        "source_date": source_date,
+        "target_family": target_family,
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        for wheel, sha256 in wheels.items():
+            require_sha256(wheel, sha256, wheel.name)
+        for sdist, (sha256, filename) in sdists.items():
+            require_sha256(sdist, sha256, filename)
+        built = tmp.parent / f".{tmp.name}.sdist-wheels"
+        shutil.rmtree(built, ignore_errors=True)
+        try:
+            from_sdists = [
+                build_sdist_wheel(s, name, built, source_date, target_family) for s, (_, name) in sorted(sdists.items())
+            ]
+            link_tree(python.path, tmp)
+            layout = Layout(tmp, minor)
+            install_wheels(layout, [*wheels, *from_sdists])
+        finally:
+            shutil.rmtree(built, ignore_errors=True)
+        refresh_records(layout.site, set(fix_shebangs(tmp, f"python{minor}")))
+        return {"wheels": len(wheels) + len(from_sdists), "amd_smi": expose_amd_smi(layout)}
+
+    return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)
+
+
+def app_stage(
+    site: StageResult,
+    vllm_wheel: StageResult,
+    minor: str,
+    rules: PruneRules,
+    build_dir: Path,
+    out: Path,
+    force: bool = False,
+) -> StageResult:
+    wheel = vllm_wheel.path / str(vllm_wheel.details["wheel"])
+    inputs = {"site": site.key, "vllm": vllm_wheel.key, "drop": rules.drop, "keep": rules.keep}
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        link_tree(site.path, tmp)
+        layout = Layout(tmp, minor)
+        install_wheels(layout, [wheel])
+        shebangs = fix_shebangs(tmp, f"python{minor}")
+        rpaths = fix_rpaths(tmp, build_dir)
+        report = prune(tmp, rules)
+        refresh_records(layout.site, {*shebangs, *rpaths})
+        check_no_build_paths(tmp, build_dir)
+        return {"shebangs": len(shebangs), "rpaths": len(rpaths), "sizes": report}
+
+    return run_stage(out, "app", STAGE_VERSION, inputs, build, force=force)
+
+
+def library_dirs(layout: Layout) -> list[str]:
+    found = []
+    for pattern in LIBRARY_DIR_CANDIDATES:
+        found += sorted(str(p.relative_to(layout.site)) for p in layout.site.glob(pattern) if p.is_dir())
+    return found
+
+
+def require_toolchain(layout: Layout) -> None:
+    """The C compiler the wrapper runs is installed: without it Triton's first compile fails on any host
+    without a C toolchain, long after the bundle shipped."""
+    zig = layout.site / ZIG
+    if not zig.is_file() or not os.access(zig, os.X_OK):
+        raise AssembleError(
+            f"the bundle has no C toolchain: site-packages/{ZIG} is missing (Triton compiles C at first GPU use)",
+            "lock again: recipes/components.toml [toolchain] c pins ziglang, which the lock adds to the wheels",
+        )
+
+
+def root_stage(
+    app: StageResult,
+    minor: str,
+    attention: AttentionRule,
+    server: ServerRule,
+    vllm_version: str,
+    target: str,
+    template_digest: str,
+    build_dir: Path,
+    out: Path,
+    force: bool = False,
+    vllm_build: str = "rocm",
+    defaults: Mapping[str, str] | None = None,
+    *,
+    zig_target: str,
+) -> StageResult:
+    """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher;
+    ``defaults``: the variables the launcher sets unless the caller has (launcher.toml); ``zig_target``:
+    what the C compiler wrapper (``CC``) builds for (toolchain.zig_target)."""
+    inputs = {
+        "app": app.key,
+        "zig_target": zig_target,
+        "vllm_build": vllm_build,
+        "defaults": dict(defaults or {}),
+        "template": template_digest,
+        "attention": attention.__dict__.__repr__(),
+        "server": list(server.command),
+        "vllm": vllm_version,
+        "target": target,
+    }
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        link_tree(app.path, tmp)
+        layout = Layout(tmp, minor)
+        require_toolchain(layout)
+        write_wrapper(tmp, render_wrapper(minor, zig_target))
+        text = render_launcher(
+            python_minor=minor,
+            library_dirs=library_dirs(layout),
+            attention=attention,
+            vllm_version=vllm_version,
+            target=target,
+            server=server,
+            vllm_build=vllm_build,
+            defaults=defaults,
+        )
+        launcher = tmp / "bin" / "vllm-server"
+        launcher.write_text(text)
+        launcher.chmod(0o755)
+        for name, content in runtime_files().items():
+            (layout.site / name).parent.mkdir(exist_ok=True)
+            (layout.site / name).write_text(content)
+        check_no_build_paths(tmp / "bin", build_dir)
+        check_no_build_paths(tmp / "libexec", build_dir)
+        return {"launcher": "bin/vllm-server", "cc": WRAPPER}
+
+    return run_stage(out, "root", STAGE_VERSION, inputs, build, force=force)

@@ -1,0 +1,477 @@
+"""The vLLM wheel stage: vLLM built for the target's GPUs with TheRock's SDK, or a Python-only wheel
+when (and only when) that is asked for.
+
+A ROCm build runs in scratch space beside the stage (removed afterwards; never a cached or shipped stage):
+
+    .vllm-wheel.build/site/    the lock's build group (rocm-sdk-devel, cmake, ...) installed with
+                               pypa/installer, ``_rocm_sdk_core`` linked to the site stage's, and the
+                               devel tarball expanded as ``_rocm_sdk_devel`` the way TheRock's ``rocm_sdk``
+                               does it (files that are symlinks into core become hard links, so a tool
+                               run from the devel tree takes it for its ROCm root) but with this tool's
+                               safe extraction, and without touching any other wheel's files
+    .vllm-wheel.build/bin/     the build group's console scripts, and ``rustc``/``cargo`` that refuse
+    .vllm-wheel.build/triton-kernels/   the locked triton_kernels source (TRITON_KERNELS_SRC_DIR)
+    .vllm-wheel.build/src/     a copy of the patched source, torch pins removed, built in place
+
+It uses the site stage's interpreter (torch and the SDK's core as the bundle has them) with the build
+group first on ``PYTHONPATH``, never ``rocm-sdk path`` or ``init`` (they expand the devel tarball into the
+interpreter's own site-packages and append to other wheels' RECORD files). The environment holds only
+what this module sets (no variable of the builder's leaks in), no network (dead proxies, no index,
+FetchContent disconnected), no compiler launcher and prefix maps (the same bytes on every builder), and
+the wheel is checked before the stage is stamped: every extension this vLLM version builds for ROCm, with
+code objects for every ISA of the target in each HIP one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_bundle.errors import BundleError
+from vllm_bundle.inputs.sdist_requirements import filter_torch_family
+from vllm_bundle.inputs.triton_kernels import extract_package
+from vllm_bundle.recipes import ExtensionRule, Target
+from vllm_bundle.tree.assemble import install_into
+from vllm_bundle.tree.relocate import files_mentioning
+from vllm_bundle.tree.stage import StageResult, run_stage
+from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_wheel
+from vllm_bundle.util.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.util.fetch import require_sha256
+
+STAGE_VERSION = 2
+LOG_TAIL_LINES = 40
+#: A vLLM HIP/C++ compile job peaks at roughly 4 GiB of memory; more jobs than memory allows swaps or
+#: gets OOM-killed, so MAX_JOBS is the smaller of the cores and the memory in 4 GiB units.
+GIB_PER_COMPILE_JOB = 4
+CORE, DEVEL = "_rocm_sdk_core", "_rocm_sdk_devel"
+DEVEL_PACKAGE = "rocm_sdk_devel"
+#: TheRock's expansion keeps these top-level compiler links as symlinks (rocm_sdk/_devel.py).
+PRESERVED_SYMLINKS = ("amdclang", "amdclang++", "amdclang-cl", "amdclang-cpp", "amdflang", "amdlld", "amdllvm")
+#: Where nothing listens: every HTTP(S)-speaking tool of the build (pip, git, curl in CMake, cargo)
+#: fails at once instead of reaching out, as Debian's reproducible builds do it.
+DEAD_PROXY = "http://127.0.0.1:9"
+#: The build never compiles vLLM's Rust frontend (its crates are not locked inputs): setup.py skips the
+#: optional extension when ``rustc -V`` fails, on every builder alike.
+REFUSED_TOOLS = ("rustc", "cargo")
+REFUSAL = """#!/bin/sh
+echo "vllm-bundle: $0 is not available to the vLLM build (its Rust frontend is not built)" >&2
+exit 1
+"""
+#: A prefix nothing on a builder is under: what every build path is mapped to in the native code.
+MAPPED_PREFIX = "/vllm-bundle-build"
+#: The HIP compiler launcher (where setup.py would put ccache): clang names each translation unit's
+#: device-side globals by a compilation-unit ID, by default a hash of the source's absolute path and the
+#: whole command line (prefix maps included), so the same source built in another directory gave other
+#: bytes; ``-fuse-cuid=none`` is no way out (clang 19 then defines ``__hip_cuid_`` in every object, and a
+#: library of two fails to link). This launcher gives each unit ``-cuid=`` a hash of its path inside the
+#: build directory: unique per unit, the same on every builder.
+HIP_LAUNCHER = "vllm-bundle-hip-cuid"
+HIP_LAUNCHER_SCRIPT = """#!/bin/sh
+# vllm-bundle's CMAKE_HIP_COMPILER_LAUNCHER: adds -cuid=<hash of the source's path in the build directory>.
+src= prev=
+for arg in "$@"; do
+    [ "$prev" = "-c" ] && src=$arg
+    prev=$arg
+done
+[ -n "$src" ] || exec "$@"
+for root in "$VLLM_BUNDLE_BUILD_ROOT" "$VLLM_BUNDLE_BUILD_ROOT_REAL"; do
+    case $src in "$root"/*) src=${src#"$root"/} ;; esac
+done
+cuid=$(printf '%s' "$src" | sha256sum | cut -c1-16)
+exec "$@" "-cuid=$cuid"
+"""
+
+
+class BuildError(BundleError):
+    """The vLLM wheel build failed, or its output is not what the target needs; the full log is kept."""
+
+
+def max_jobs() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return cores
+    return max(1, min(cores, int(memory_gib // GIB_PER_COMPILE_JOB)))
+
+
+@dataclass(frozen=True)
+class RocmInputs:
+    """What a ROCm build needs beyond the patched source: the site stage (interpreter, torch, SDK core),
+    the lock's build group (wheel file -> sha256) and the triton_kernels archive with its sha256."""
+
+    site_packages: Path
+    build_wheels: Mapping[Path, str]
+    triton_kernels: tuple[Path, str, str] | None  # (archive, sha256, file name)
+    triton_kernels_package: str
+    cmake_build_type: str
+    extensions: ExtensionRule
+
+
+@dataclass(frozen=True)
+class WheelBuild:
+    """One wheel build: the interpreter, the source date, and the ROCm inputs (None: Python-only)."""
+
+    python: Path
+    source_date: int
+    rocm: RocmInputs | None
+
+
+# -- the SDK's devel tree in scratch --------------------------------------------------------------------
+
+
+def install_build_group(wheels: Mapping[Path, str], site: Path, bin_dir: Path, python: Path) -> None:
+    """The build group's wheels into scratch, their scripts run by the site stage's interpreter."""
+    for wheel, sha256 in sorted(wheels.items()):
+        require_sha256(wheel, sha256, wheel.name)
+    scheme = {"purelib": str(site), "platlib": str(site), "headers": str(site.parent / "include")}
+    install_into({**scheme, "scripts": str(bin_dir), "data": str(site.parent / "data")}, str(python), sorted(wheels))
+
+
+def expand_devel(site: Path, core: Path) -> Path:
+    """Expand ``rocm_sdk_devel/_devel.tar(.xz)`` in ``site`` as ``_rocm_sdk_devel``, beside a link to the
+    site stage's ``core``; returns the devel root."""
+    package = site / DEVEL_PACKAGE
+    tarball = next((package / n for n in ("_devel.tar.xz", "_devel.tar") if (package / n).is_file()), None)
+    if tarball is None:
+        raise BuildError(
+            "the ROCm SDK's devel part is missing: no rocm_sdk_devel/_devel.tar in the lock's build group",
+            "re-lock; the channel's sdk-build-wheels must name rocm-sdk-devel",
+        )
+    (site / CORE).symlink_to(core, target_is_directory=True)
+
+    def inside_devel(name: str, member: tarfile.TarInfo) -> bool:
+        if name != DEVEL and not name.startswith(f"{DEVEL}/"):
+            raise UnsafeArchiveError(f"refusing to extract {tarball.name}: entry {name!r} is outside {DEVEL}/")
+        return True
+
+    try:
+        with tarfile.open(tarball) as archive:
+            safe_extract(archive, site, f"rocm-sdk-devel's {tarball.name}", select=inside_devel)
+    except tarfile.TarError as err:
+        raise UnsafeArchiveError(f"cannot read rocm-sdk-devel's {tarball.name}: {err}", "re-fetch it") from None
+    root = site / DEVEL
+    _hard_link_file_symlinks(root)
+    return root
+
+
+def _hard_link_file_symlinks(root: Path) -> None:
+    """As TheRock's expansion does: every symlink to a file becomes a hard link to it, but the top-level
+    ``bin/amd*`` compiler links; directory symlinks stay. (A copy where a hard link cannot be made.)"""
+    for path in sorted(root.rglob("*")):
+        if not path.is_symlink() or not path.is_file():
+            continue
+        if path.parent == root / "bin" and path.name in PRESERVED_SYMLINKS:
+            continue
+        target = path.resolve()
+        staged = path.with_name(f".{path.name}.link")
+        try:
+            os.link(target, staged)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            shutil.copy2(target, staged)
+        staged.replace(path)
+
+
+def compilers(devel: Path) -> tuple[Path, Path]:
+    """The SDK's clang and clang++, run from the devel tree (TheRock's own PyTorch builds use these;
+    they are rocm-sdk-core's, linked into the devel tree)."""
+    llvm_bin = devel / "lib" / "llvm" / "bin"
+    found = llvm_bin / "clang", llvm_bin / "clang++"
+    missing = [p for p in found if not p.is_file()]
+    if missing:
+        raise BuildError(
+            f"the ROCm SDK has no compiler: {CORE}/lib/llvm/bin/{missing[0].name} is missing",
+            "check that the lock's rocm-sdk-core and rocm-sdk-devel are one ROCm release, the compiler in core",
+        )
+    return found
+
+
+def require_core(site_packages: Path) -> Path:
+    core = site_packages / CORE
+    if not (core / "__init__.py").is_file():
+        raise BuildError(
+            f"the site stage has no ROCm SDK ({CORE} in {site_packages})", "check the lock's rocm-sdk-core wheel"
+        )
+    if not (site_packages / "rocm_sdk").is_dir():
+        raise BuildError("the site stage has no rocm_sdk (TheRock's rocm package)", "check the lock's rocm sdist")
+    return core
+
+
+# -- the environment ---------------------------------------------------------------------------------
+
+
+def build_roots(root: Path) -> list[str]:
+    """The build directory as the compiler may see it: as given and with its symlinks resolved."""
+    return list(dict.fromkeys([str(root.absolute()), str(root.resolve())]))
+
+
+def prefix_maps(root: Path) -> list[str]:
+    """``-ffile-prefix-map`` for the build directory: ``__FILE__``, debug info and macros then name
+    ``/vllm-bundle-build/...`` on every builder (shell-quoted: CMake puts flags into commands as text)."""
+    return [shlex.quote(f"-ffile-prefix-map={variant}={MAPPED_PREFIX}") for variant in build_roots(root)]
+
+
+def base_environment(scratch: Path, bin_dirs: Sequence[Path], source_date: int, jobs: int) -> dict[str, str]:
+    """What every build gets, whatever the device: a fresh HOME and TMPDIR in scratch, the tools of
+    ``bin_dirs`` before the builder's PATH, a fixed locale and time zone, the source date, no network."""
+    home, tmp = scratch / "home", scratch / "tmp"
+    home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = os.pathsep.join([*map(str, bin_dirs), os.environ.get("PATH", os.defpath)])
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "SOURCE_DATE_EPOCH": str(source_date),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONHASHSEED": "0",
+        "MAX_JOBS": str(jobs),
+        "PIP_NO_INDEX": "1",
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "CARGO_NET_OFFLINE": "true",
+        "HF_HUB_OFFLINE": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "no_proxy": "",
+        "NO_PROXY": "",
+    }
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = DEAD_PROXY
+    return env
+
+
+def rocm_environment(
+    target: Target, devel: Path, core: Path, rocm: RocmInputs, kernels: Path | None, root: Path
+) -> dict[str, str]:
+    """The variables of a ROCm build (vLLM's docker/Dockerfile.rocm_base names the same for TheRock's
+    SDK): the devel tree as ROCm root, the SDK's compilers, the device libraries of core, the target's
+    ISAs, no ccache/sccache but the CUID launcher, FetchContent disconnected, and prefix maps."""
+    clang, clangxx = compilers(devel)
+    maps = " ".join(prefix_maps(root))
+    roots = build_roots(root)
+    env = {
+        "VLLM_TARGET_DEVICE": "rocm",
+        "PYTORCH_ROCM_ARCH": target.pytorch_rocm_arch,
+        "ROCM_PATH": str(devel),
+        "ROCM_HOME": str(devel),
+        "HIP_PATH": str(devel),
+        "HIP_CLANG_PATH": str(clangxx.parent),
+        "HIP_DEVICE_LIB_PATH": str(core / "lib" / "llvm" / "amdgcn" / "bitcode"),
+        "CC": str(clang),
+        "CXX": str(clangxx),
+        "HIPCXX": str(clangxx),
+        "CMAKE_PREFIX_PATH": str(devel / "lib" / "cmake"),
+        "CMAKE_BUILD_TYPE": rocm.cmake_build_type,
+        "CFLAGS": maps,
+        "CXXFLAGS": maps,
+        "HIPFLAGS": maps,
+        "VLLM_BUNDLE_BUILD_ROOT": roots[0],
+        "VLLM_BUNDLE_BUILD_ROOT_REAL": roots[-1],
+        "VLLM_DISABLE_SCCACHE": "1",
+        # setup.py adds ccache as CMAKE_<LANG>_COMPILER_LAUNCHER when found on PATH; CMAKE_ARGS comes last
+        # on its command line (split at spaces: the launcher goes by its name on PATH), so these win.
+        "CMAKE_ARGS": " ".join(
+            [
+                "-DCMAKE_C_COMPILER_LAUNCHER=",
+                "-DCMAKE_CXX_COMPILER_LAUNCHER=",
+                f"-DCMAKE_HIP_COMPILER_LAUNCHER={HIP_LAUNCHER}",
+                "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+            ]
+        ),
+    }
+    if kernels is not None:
+        env["TRITON_KERNELS_SRC_DIR"] = str(kernels)
+    return env
+
+
+def write_shims(bin_dir: Path) -> None:
+    """The tools the build finds first on PATH: ``rustc``/``cargo`` that refuse, the HIP launcher."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    scripts = {**dict.fromkeys(REFUSED_TOOLS, REFUSAL), HIP_LAUNCHER: HIP_LAUNCHER_SCRIPT}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+
+
+# -- the build ---------------------------------------------------------------------------------------
+
+
+def _tail(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -> int:
+    with log.open("a") as handle:
+        handle.write(f"\n$ {' '.join(command)}\n")
+        handle.flush()
+        result = subprocess.run(
+            list(command),
+            cwd=cwd,
+            env=dict(env),
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            check=False,
+            umask=0o022,  # the files the build writes get the same modes on every builder
+        )
+    return result.returncode
+
+
+def remove_torch_pins(source: Path, python: Path, env: Mapping[str, str], log: Path) -> None:
+    """vLLM's own ``tools/use_existing_torch.py`` where the release has it, else the same filter here."""
+    script = source / "tools" / "use_existing_torch.py"
+    if script.is_file():
+        if _run([str(python), str(script)], source, env, log) != 0:
+            raise BuildError(f"vLLM's tools/use_existing_torch.py failed; the log is {log}")
+        return
+    with log.open("a") as handle:
+        for line in filter_torch_family(source):
+            handle.write(f">>> removed {line}\n")
+
+
+def build_wheel(source: Path, python: Path, env: Mapping[str, str], scratch: Path, wheel_dir: Path, log: Path) -> Path:
+    """Build the wheel from a copy of ``source`` in ``scratch``; the whole log goes to ``log``."""
+    work = scratch / "src"
+    shutil.copytree(source, work, symlinks=True)
+    shown = {k: v for k, v in sorted(env.items()) if k != "PATH"}
+    log.write_text(f"# vLLM wheel build\n# PATH={env.get('PATH')}\n# environment: {shown}\n")
+    remove_torch_pins(work, python, env, log)
+    command = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index"]
+    command += ["--no-cache-dir", "--wheel-dir", str(wheel_dir), "."]
+    returncode = _run(command, work, env, log)
+    wheels = sorted(wheel_dir.glob("vllm-*.whl"))
+    if returncode != 0 or len(wheels) != 1:
+        sys.stderr.write(_tail(log) + "\n")
+        raise BuildError(
+            f"the vLLM wheel build failed (VLLM_TARGET_DEVICE={env.get('VLLM_TARGET_DEVICE')}); "
+            f"the last {LOG_TAIL_LINES} lines are above, the full log is {log}",
+        )
+    return wheels[0]
+
+
+def check_wheel(
+    wheel: Path, version: str, rule: ExtensionRule, target: Target, scratch: Path, root: Path
+) -> dict[str, list[str]]:
+    """The wheel's extensions and the ISAs each carries; a missing extension or ISA, or an extension that
+    names the build directory ``root`` (prefix maps that did not apply), fails the stage."""
+    found = find_in_wheel(wheel, rule, scratch)
+    problems, isas = extension_problems(found, rule, target.isas)
+    named = {path for variant in build_roots(root) for path in files_mentioning(scratch, variant.encode())}
+    problems += [
+        f"vllm/{p.name} names the build directory {root} (its prefix maps did not apply)" for p in sorted(named)
+    ]
+    if problems:
+        raise BuildError(
+            f"the ROCm build of vLLM {version} is not fit for {target.name}: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            "see the build log: an ISA missing from vLLM's HIP_SUPPORTED_ARCHS, or a failed HIP compile",
+        )
+    return {name: sorted(found_isas) for name, found_isas in isas.items()}
+
+
+def _rocm_setup(
+    target: Target, rocm: RocmInputs, python: Path, scratch: Path, root: Path
+) -> tuple[dict[str, str], list[Path]]:
+    core = require_core(rocm.site_packages)
+    site, bin_dir = scratch / "site", scratch / "bin"
+    install_build_group(rocm.build_wheels, site, bin_dir, python)
+    devel = expand_devel(site, core)
+    kernels = None
+    if rocm.triton_kernels is not None:
+        archive, sha256, filename = rocm.triton_kernels
+        require_sha256(archive, sha256, filename)
+        kernels = extract_package(archive, filename, rocm.triton_kernels_package, scratch / "triton-kernels")
+    env = rocm_environment(target, devel, core, rocm, kernels, root)
+    env["PYTHONPATH"] = str(site)
+    return env, [bin_dir]
+
+
+def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: Path, version: str) -> dict[str, Any]:
+    """Build into ``out`` (the stage's temporary directory); scratch lives beside it and is removed."""
+    scratch = out.parent / ".vllm-wheel.build"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        shims = scratch / "shims"
+        write_shims(shims)
+        bin_dirs = [shims, build.python.parent]
+        env: dict[str, str] = {"VLLM_TARGET_DEVICE": "empty"}
+        if build.rocm is not None:  # the build directory holds the source copy, scratch and the site stage
+            env, extra = _rocm_setup(target, build.rocm, build.python, scratch, out.parent)
+            bin_dirs = [shims, *extra, build.python.parent]
+        env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
+        wheel = build_wheel(source, build.python, env, scratch, out, log)
+        if build.rocm is None:
+            return {"wheel": wheel.name, "device": "python-only"}
+        isas = check_wheel(wheel, version, build.rocm.extensions, target, scratch / "check", out.parent)
+        return {"wheel": wheel.name, "device": "rocm", "isas": list(target.isas), "extensions": isas}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def prebuilt_wheel_stage(wheel: Path, sha256: str, out: Path, force: bool = False) -> StageResult:
+    """Stage ``vllm-wheel`` in repackage mode: the locked prebuilt wheel, taken as it is."""
+
+    def build(tmp: Path) -> Mapping[str, Any]:
+        require_sha256(wheel, sha256, wheel.name)
+        name = wheel.name if wheel.name.endswith(".whl") else None
+        if name is None:
+            raise BuildError(f"the cached vLLM wheel {wheel} has no wheel file name")
+        shutil.copyfile(wheel, tmp / name)
+        return {"wheel": name, "device": "prebuilt"}
+
+    return run_stage(out, "vllm-wheel", STAGE_VERSION, {"prebuilt": sha256}, build, force=force)
+
+
+def wheel_stage(
+    target: Target,
+    source: StageResult,
+    version: str,
+    build: WheelBuild,
+    out: Path,
+    log: Path,
+    force: bool = False,
+    python_key: str | None = None,
+) -> StageResult:
+    """Stage ``vllm-wheel``: depends on the patched source, the interpreter (``python_key``: the key of the
+    stage that made it, when it is one of ours), the build inputs and the target's ISAs."""
+    rocm = build.rocm
+    inputs: dict[str, Any] = {
+        "source": source.key,
+        "python": python_key or str(build.python),
+        "source_date": build.source_date,
+        "device": "rocm" if rocm else "python-only",
+    }
+    if rocm is not None:
+        inputs |= {
+            "isas": list(target.isas),
+            "build_wheels": {path.name: sha for path, sha in sorted(rocm.build_wheels.items())},
+            "triton_kernels": rocm.triton_kernels[1] if rocm.triton_kernels else None,
+            "triton_kernels_package": rocm.triton_kernels_package,
+            "cmake_build_type": rocm.cmake_build_type,
+            "extensions": [rocm.extensions.names, rocm.extensions.device_code],
+        }
+    return run_stage(
+        out,
+        "vllm-wheel",
+        STAGE_VERSION,
+        inputs,
+        lambda tmp: run_build(target, source.path, build, tmp, log, version),
+        force=force,
+    )

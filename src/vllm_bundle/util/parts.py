@@ -1,0 +1,118 @@
+"""A release's parts, put together and extracted: what install does with downloaded parts and tier 0 with
+a directory of parts, in one pass that hashes the whole archive and keeps memory flat in its entries."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import tarfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from vllm_bundle.errors import InstallError
+from vllm_bundle.util.extract import safe_extract
+from vllm_bundle.util.progress import Reporter
+from vllm_bundle.util.tarstream import StreamTar
+
+
+class _Concatenated(io.RawIOBase):
+    """The parts, read one after the other as one stream (what ``cat part*`` gives a shell), hashed as
+    they are read; ``progress`` is told the size of every read."""
+
+    def __init__(self, paths: Sequence[Path], progress: Callable[[int], None] = lambda count: None) -> None:
+        self._paths = list(paths)
+        self._handle: io.BufferedReader | None = None
+        self._progress = progress
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            if self._handle is None:
+                if not self._paths:
+                    return 0
+                self._handle = self._paths.pop(0).open("rb")
+            count = self._handle.readinto(buffer)
+            if count:
+                self.digest.update(memoryview(buffer)[:count])
+                self._progress(count)
+                return count
+            self._handle.close()
+            self._handle = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        super().close()
+
+
+class _Streamed(StreamTar):
+    """The release's tar stream, keeping no list of its entries (:class:`StreamTar`), noting the mode of
+    the archive's top directory (``./``) as it passes, as extraction sets every directory's (owner rwx
+    added); ``None`` until one passes."""
+
+    top_mode: int | None = None
+
+    def next(self) -> tarfile.TarInfo | None:
+        member = super().next()
+        if member is not None and self.top_mode is None and _is_top(member):
+            self.top_mode = member.mode & 0o777 | 0o700
+        return member
+
+
+def _is_top(member: tarfile.TarInfo) -> bool:
+    """The archive's top directory: ``.`` or ``./``."""
+    return member.isdir() and not [part for part in PurePosixPath(member.name).parts if part != "."]
+
+
+@contextmanager
+def _reported(reporter: Reporter | None, label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """One step's progress through ``reporter`` (none: silent), ``total`` bytes: yields what to tell each
+    byte count, and reports the step done or failed."""
+    if reporter is None:
+        yield lambda count: None
+        return
+    reporter.begin(label, label, total, 0, download=False)
+    status = "error"
+    try:
+        yield functools.partial(reporter.advance, label)
+        status = "done"
+    finally:
+        reporter.finish(label, status)
+
+
+def extract_parts(
+    parts: Sequence[Path],
+    dest: Path,
+    tag: str,
+    archive_sha256: str | None = None,
+    reporter: Reporter | None = None,
+) -> None:
+    """Extract the archive the parts make up into ``dest`` (see :mod:`vllm_bundle.util.extract`), give ``dest``
+    the mode of the archive's top directory (other users run the install; 0755 when it has no such entry),
+    and check the whole archive's sha256 against release.json's when it gives one. ``reporter`` shows the
+    progress as ``extract <tag>``, in compressed bytes read of the parts' total size. Memory stays flat in
+    the number of entries (:class:`_Streamed`)."""
+    total = sum(part.stat().st_size for part in parts)
+    with _reported(reporter, f"extract {tag}", total) as progress:
+        raw = _Concatenated(parts, progress)
+        stream = io.BufferedReader(raw, buffer_size=1 << 20)
+        with stream:
+            try:
+                with _Streamed.open(fileobj=stream, mode="r|gz") as archive:
+                    safe_extract(archive, dest, f"the {tag} release")
+                    dest.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+            except tarfile.TarError as err:
+                raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
+            while stream.read(1 << 20):  # what the tar reader left unread (end blocks, gzip trailer)
+                pass
+        if archive_sha256 is not None and raw.digest.hexdigest() != archive_sha256:
+            raise InstallError(
+                f"the {tag} release's parts put together do not match release.json's archive sha256",
+                "the release is mixed up: install again, or re-publish it",
+            )

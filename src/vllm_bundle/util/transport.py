@@ -1,0 +1,162 @@
+"""HTTP transport: one requests session with urllib3 retries, and the URL policy.
+
+Connect errors, timeouts and 429/5xx answers are retried by urllib3 with exponential backoff (and
+Retry-After honoured); a connection that drops in the middle of a body is resumed by the fetcher.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import ipaddress
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from vllm_bundle import __version__
+from vllm_bundle.errors import InsecureURLError
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. ``attempts`` counts tries per request and per resumed body."""
+
+    attempts: int = 6
+    #: A host that refuses the connection or has no address is rarely back a second later: fewer tries.
+    connect_attempts: int = 3
+    backoff: float = 0.5  # seconds; doubles each retry
+    max_backoff: float = 30.0
+    connect_timeout: float = 15.0
+    read_timeout: float = 60.0  # a stalled body is abandoned (and resumed) after this long
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str, redirected_from: str | None = None) -> None:
+    """HTTPS only, except loopback hosts (local mirrors, the test upstream)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return
+    if parts.scheme == "http" and is_loopback(parts.hostname):
+        return
+    hop = f" (a redirect from {redirected_from})" if redirected_from else ""
+    raise InsecureURLError(
+        f"refusing to download {url}{hop}: only https:// URLs (or http:// on a loopback address) are allowed",
+        "use an https mirror or a local directory with --mirror",
+    )
+
+
+def _check_redirect(response: requests.Response, *args: object, **kwargs: object) -> None:
+    """Every hop of a redirect is held to :func:`check_url` before it is followed: an https mirror (or a
+    loopback one) answering 302 to a plain-http host would otherwise hand us bytes and manifests over an
+    unchecked hop. A requests response hook: it sees each answer, redirects included, before the next
+    request is made."""
+    if response.is_redirect:
+        check_url(urljoin(response.url, response.headers["location"]), redirected_from=response.url)
+
+
+def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
+    retry = Retry(
+        total=policy.attempts - 1,
+        connect=min(policy.connect_attempts, policy.attempts) - 1,
+        read=0,  # body errors are resumed by the fetcher, not restarted from zero
+        status=policy.attempts - 1,
+        other=policy.attempts - 1,
+        backoff_factor=policy.backoff,
+        backoff_max=policy.max_backoff,
+        status_forcelist=RETRY_STATUSES,
+        allowed_methods=frozenset({"GET", "HEAD"}),
+        respect_retry_after_header=True,
+        raise_on_status=False,
+    )
+    adapter = HTTPAdapter(max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
+    session = requests.Session()
+    session.hooks["response"].append(_check_redirect)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+    session.headers["User-Agent"] = f"vllm-bundle/{__version__}"
+    # Compressed transfer would make byte offsets (Range) and sizes meaningless.
+    session.headers["Accept-Encoding"] = "identity"
+    return session
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and what it wraps: requests and urllib3 nest their causes in args, reason and __cause__."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [err]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        nested = [getattr(current, "reason", None), current.__cause__, current.__context__]
+        nested += [arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException)]
+        pending += [item for item in nested if isinstance(item, BaseException)]
+
+
+def describe(err: BaseException) -> str:
+    """A network failure in a few words ("connection refused", "host name not found", "connection broken
+    after N of M bytes"), never a tuple or an object's repr. Hand-written: requests and urllib3 nest
+    the cause several levels deep and print it as Python reprs."""
+    chain = list(_chain(err))
+    for item in chain:
+        if isinstance(item, http.client.IncompleteRead):  # urllib3's too; its `partial` is a count
+            done = item.partial if isinstance(item.partial, int) else len(item.partial)
+            total = f" of {done + item.expected}" if isinstance(item.expected, int) else ""
+            return f"connection broken after {done}{total} bytes"
+        if isinstance(item, urllib3.exceptions.NameResolutionError | socket.gaierror):
+            return "host name not found"
+        if isinstance(item, ConnectionRefusedError) or getattr(item, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused"
+        if isinstance(item, ConnectionResetError):
+            return "connection reset by the server"
+        if isinstance(item, ssl.SSLError):
+            return f"TLS error: {item.reason or item}"
+    # Last: urllib3's NewConnectionError is a ConnectTimeoutError whatever the cause found above.
+    for item in chain:
+        if isinstance(item, urllib3.exceptions.ConnectTimeoutError | requests.ConnectTimeout):
+            return "connection timed out"
+        if isinstance(item, urllib3.exceptions.ReadTimeoutError | requests.ReadTimeout | TimeoutError):
+            return "no data before the read timeout"
+    text = str(chain[-1]) or type(chain[-1]).__name__
+    return " ".join(text.split())[:200]
+
+
+def is_connect_failure(err: BaseException) -> bool:
+    """True when the host could not be reached at all (urllib3 has already retried those)."""
+    if isinstance(err, requests.ConnectTimeout):
+        return True
+    if not isinstance(err, requests.ConnectionError):
+        return False
+    reason = getattr(err.args[0], "reason", None) if err.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
