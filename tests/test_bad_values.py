@@ -21,12 +21,12 @@ from packaging.specifiers import SpecifierSet
 
 from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli, small_disk
 from tests.test_image import check_against_model
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import ArchiveError, BundleError
 from vllm_bundle.inputs.lockfile import content_digest
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.oci.kserve import render_kserve
 from vllm_bundle.recipes import AttentionRule
-from vllm_bundle.release.archive import ArchiveError, write_archive
+from vllm_bundle.release.archive import write_archive
 
 DIGEST = "sha256:" + "1" * 64
 RULE = AttentionRule(SpecifierSet(">=0.13"), "TRITON_ATTN", "--attention-backend", None)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from vllm_bundle.errors import BuildError
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree import vllm_build
 from vllm_bundle.tree.vllm_build import (
@@ -67,7 +68,7 @@ def test_the_sdk_without_its_compiler_is_one_line(tmp_path: Path) -> None:
     devel = _devel(tmp_path)
     (devel / "lib" / "llvm" / "bin" / "clang++").unlink()
     with pytest.raises(
-        vllm_build.BuildError, match=r"the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang\+\+ is missing"
+        BuildError, match=r"the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang\+\+ is missing"
     ):
         rocm_environment(RECIPES.target("gfx1151"), devel, tmp_path, _rocm(tmp_path), None, tmp_path)
 

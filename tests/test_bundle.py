@@ -20,8 +20,8 @@ from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.packaging_fixtures import make_wheel
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.errors import BundleError
-from vllm_bundle.tree.assemble import AssembleError, Layout, install_wheels
+from vllm_bundle.errors import AssembleError, BundleError
+from vllm_bundle.tree.assemble import Layout, install_wheels
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.stage import STAGES
 from vllm_bundle.tree.toolchain import WRAPPER
@@ -126,7 +126,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
     shutil.copytree(built, build, symlinks=True)
     script = textwrap.dedent("""
         import sys
-        import vllm_bundle.tree.launcher as launcher, vllm_bundle.pipeline as bundle
+        import vllm_bundle.tree.launcher as launcher, vllm_bundle.pipeline.build as bundle
         original = launcher.template_text()
         changed = lambda: original.replace("set -eu", "set -eu\\n# a new line in the template")
         launcher.template_text = bundle.template_text = changed

@@ -394,12 +394,14 @@ def test_a_full_disk_anywhere_is_one_line_not_a_traceback(
     import errno
 
     from vllm_bundle import cli
+    from vllm_bundle.errors import DiskFullError
+    from vllm_bundle.pipeline import verbs
 
     def full(_: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "locks" / "gfx1151.toml"))
 
-    monkeypatch.setattr(cli, "cmd_lock", full)
-    assert cli.main(["lock", "gfx1151"]) == 1
+    monkeypatch.setattr(verbs, "cmd_lock", full)
+    assert cli.main(["lock", "gfx1151"]) == DiskFullError.exit_code
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: no space left on device writing ") and "free space" in err

@@ -436,7 +436,8 @@ def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
 def test_push_trades_credentials_for_a_bearer_token(
     base_published: RegistryServer, image_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_bundle.oci.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, RegistryError, push_layout
+    from vllm_bundle.errors import RegistryError
+    from vllm_bundle.oci.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, push_layout
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -770,7 +771,8 @@ def test_a_registry_answering_html_for_a_manifest_is_one_line(base_published: Re
     "doc", [{"digest": "sha256:" + "a" * 64}, {"mediaType": "x", "digest": "sha256:" + "a" * 64, "size": "big"}, []]
 )
 def test_a_descriptor_that_is_not_one_is_refused_in_one_error(doc: Any) -> None:
-    from vllm_bundle.oci.layout import Descriptor, ImageError
+    from vllm_bundle.errors import ImageError
+    from vllm_bundle.oci.layout import Descriptor
 
     with pytest.raises(ImageError, match="not an OCI descriptor"):
         Descriptor.from_json(doc)

@@ -24,8 +24,9 @@ import pytest
 from packaging.version import Version
 
 from tests.conftest import REPO, VllmSdists
+from vllm_bundle.errors import PatchError
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.patches import PatchError, apply_series, listed_archs, read_series
+from vllm_bundle.tree.patches import apply_series, listed_archs, read_series
 from vllm_bundle.util.extract import safe_extract
 
 #: Every vLLM release with a source distribution on PyPI from 0.10.2 on (0.15.x has none).

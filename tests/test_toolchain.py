@@ -35,10 +35,11 @@ from tests.upstream.pypi import STAND_IN_ZIG, ZIGLANG_STAND_IN
 from tests.upstream.real_wheels import ZIGLANG
 from tests.upstream.registry import base_rootfs
 from tests.upstream.server import UpstreamServer
+from vllm_bundle.errors import AssembleError
 from vllm_bundle.inputs.lockfile import read_lock
 from vllm_bundle.qualify.tier0 import QualifyRules, check_relocated_smoke, check_toolchain
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.assemble import AssembleError, root_stage
+from vllm_bundle.tree.assemble import root_stage
 from vllm_bundle.tree.stage import StageResult
 from vllm_bundle.tree.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper, zig_target
 from vllm_bundle.util.elf import dynamic_info

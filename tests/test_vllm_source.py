@@ -16,8 +16,9 @@ import pytest
 from packaging.version import Version
 
 from tests.conftest import OLD_VLLM, REPO, TEST_DOWNLOADS, assert_one_line_error, run_cli
+from vllm_bundle.errors import PatchError
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.patches import PatchError, apply_series, read_series
+from vllm_bundle.tree.patches import apply_series, read_series
 from vllm_bundle.tree.vllm_source import extract_sdist, outcomes_of, prepare_source
 from vllm_bundle.util.fetch import sha256_of
 

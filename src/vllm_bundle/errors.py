@@ -1,6 +1,24 @@
-"""Errors a user can cause, each printed by the CLI as one line (what went wrong; how to fix it).
+"""Errors a user can cause, each printed by the CLI as one line (what went wrong; how to fix it), in one
+hierarchy with one exit code per kind. Anything that is not a :class:`BundleError` is a bug in this tool
+and keeps its traceback; ``--debug`` (or ``VLLM_BUNDLE_DEBUG=1``) prints a :class:`BundleError`'s too,
+for a bug report.
 
-Anything that is not a :class:`BundleError` is a bug in this tool and keeps its traceback.
+Exit codes (the README's table is checked against :data:`EXIT_CODES` by tests/test_docs.py):
+
+=====  ==========================  ==========================================================================
+code   class                       meaning
+=====  ==========================  ==========================================================================
+0                                  success
+1      :class:`BundleError`        a check ran and said no (qualification, reproducibility, doctor's blockers)
+2      :class:`UsageError`         the command line or a recipe is wrong (argparse's own code too)
+3      :class:`LockError`          a lock is missing, out of date, or fails its own integrity check
+4      :class:`FetchError`         a download or registry request failed for good
+5      :class:`DiskFullError`      the disk filled up; the partial file was removed
+6      :class:`StageError`         a stage could not do its work (patch, build, assemble, archive, image)
+7      :class:`InputError`         a value or archive from outside is malformed or unsafe
+8      :class:`InstallError`       a release cannot be installed as given
+130                                interrupted (Ctrl-C); partial downloads are kept for a resume
+=====  ==========================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -10,6 +28,9 @@ import re
 #: The userinfo of an URL (``https://user:token@host/``): a password or token that must never be printed.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
 
+#: The variable that, like ``--debug``, makes the CLI print a BundleError's traceback.
+DEBUG_ENV = "VLLM_BUNDLE_DEBUG"
+
 
 def redact_urls(text: str) -> str:
     """``text`` with every URL's userinfo replaced by ``***`` (``https://***@host/``). Every line this tool
@@ -18,7 +39,8 @@ def redact_urls(text: str) -> str:
 
 
 class BundleError(Exception):
-    """Base of every user-facing error. ``str(err)`` is the one line the CLI prints."""
+    """Base of every user-facing error. ``str(err)`` is the one line the CLI prints. Raised as such (or as
+    one of the checks' classes below), it means a check ran and said no."""
 
     exit_code = 1
 
@@ -31,18 +53,50 @@ class BundleError(Exception):
         return redact_urls(f"{self.message} ({self.hint})" if self.hint else self.message)
 
 
-class RecipeError(BundleError):
-    """A recipe file is malformed: names the file, the key and what was expected."""
+# -- 1: a check said no ------------------------------------------------------------------------------
+
+
+class QualificationError(BundleError):
+    """Tier 0 (or a GPU tier) found a defect: the bundle is not fit to ship."""
+
+
+class NotReproducibleError(BundleError):
+    """Two builds from the same inputs differ."""
+
+
+class NotReadyError(BundleError):
+    """``install`` refused: the machine cannot run the bundle it would install."""
+
+
+class NoSupportedGPUError(BundleError):
+    """No AMD GPU, or none that any target supports."""
+
+
+# -- 2: usage ----------------------------------------------------------------------------------------
+
+
+class UsageError(BundleError):
+    """The command line asks for something that cannot be (options that conflict, a missing argument)."""
 
     exit_code = 2
+
+
+class RecipeError(UsageError):
+    """A recipe file is malformed, or an option names what no recipe defines: names the file or option,
+    the key and what was expected."""
 
 
 class UnknownTargetError(RecipeError):
     """A target (or channel) name that the recipes do not define."""
 
 
+# -- 3: locks ----------------------------------------------------------------------------------------
+
+
 class LockError(BundleError):
     """A lock could not be made, read or trusted."""
+
+    exit_code = 3
 
 
 class LockMissingError(LockError):
@@ -53,8 +107,13 @@ class LockOutOfDateError(LockError):
     """The lock no longer matches its recipe."""
 
 
+# -- 4: downloads ------------------------------------------------------------------------------------
+
+
 class FetchError(BundleError):
     """A download failed for good (after retries)."""
+
+    exit_code = 4
 
 
 class HashMismatchError(FetchError):
@@ -77,13 +136,96 @@ class CorruptCacheError(FetchError):
     """A cached file no longer matches the sha256 it was stored under."""
 
 
-class DiskFullError(FetchError):
-    """The disk filled up while writing; the partial file was removed."""
+class RegistryError(FetchError):
+    """A registry refused a request or answered with something unusable."""
 
 
-class InvalidValueError(BundleError):
+# -- 5: disk full ------------------------------------------------------------------------------------
+
+
+class DiskFullError(BundleError):
+    """The disk filled up while writing (a download, a stage, an install); the partial file was removed."""
+
+    exit_code = 5
+
+
+# -- 6: a stage failed -------------------------------------------------------------------------------
+
+
+class StageError(BundleError):
+    """A stage could not do its work; its log (where there is one) is kept."""
+
+    exit_code = 6
+
+
+class PatchError(StageError):
+    """A patch does not apply (or no variant covers the vLLM version)."""
+
+
+class BuildError(StageError):
+    """The vLLM wheel build failed, or its output is not what the target needs; the full log is kept."""
+
+
+class AssembleError(StageError):
+    """A wheel could not be installed, or the tree is not what the launcher needs."""
+
+
+class RelocationError(StageError):
+    """A file still refers to the build directory."""
+
+
+class ArchiveError(StageError):
+    """The tree cannot be archived as it is (e.g. a symlink that leaves it)."""
+
+
+class ImageError(StageError):
+    """The image cannot be written as asked (an unknown base layer type, a tree entry no layer takes)."""
+
+
+class KServeError(StageError):
+    """The KServe manifests cannot be rendered for this target."""
+
+
+# -- 7: bad input from outside -----------------------------------------------------------------------
+
+
+class InputError(BundleError):
+    """Something read from outside (a manifest, an index page, an archive) is malformed or unsafe."""
+
+    exit_code = 7
+
+
+class InvalidValueError(InputError):
     """A value read from a manifest, a lock, an index page or a flag is not of the form it must have."""
+
+
+class ManifestError(InputError):
+    """A manifest is malformed or manifests disagree."""
+
+
+class UnsafeArchiveError(InputError):
+    """An archive entry would write outside its destination, or is a special file."""
+
+
+# -- 8: install --------------------------------------------------------------------------------------
 
 
 class InstallError(BundleError):
     """The release cannot be installed as given."""
+
+    exit_code = 8
+
+
+def _exit_codes() -> dict[str, int]:
+    """Every error class of this module by name, with its exit code."""
+    found: dict[str, int] = {}
+    pending: list[type[BundleError]] = [BundleError]
+    while pending:
+        cls = pending.pop()
+        found[cls.__name__] = cls.exit_code
+        pending.extend(cls.__subclasses__())
+    return dict(sorted(found.items(), key=lambda item: (item[1], item[0])))
+
+
+#: Class name → exit code, for the docs' table and its test.
+EXIT_CODES = _exit_codes()

@@ -498,6 +498,8 @@ def load_launcher_defaults(root: Path) -> dict[str, str]:
 
 def load_recipes(root: Path) -> Recipes:
     """Read and validate every recipe file under ``root``."""
+    if not root.is_dir():
+        raise RecipeError(f"no recipes directory at {root}", "pass --recipes DIR")
     raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
     components = Table(raw[COMPONENTS_FILE], COMPONENTS_FILE)
     pinned = components.table("wheels")

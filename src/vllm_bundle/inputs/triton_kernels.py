@@ -14,9 +14,9 @@ import re
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from vllm_bundle.errors import LockError
+from vllm_bundle.errors import LockError, UnsafeArchiveError
 from vllm_bundle.recipes import TritonKernels
-from vllm_bundle.util.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import Artifact, Fetcher, mirror_source
 
 CMAKE_FILE = "cmake/external_projects/triton_kernels.cmake"

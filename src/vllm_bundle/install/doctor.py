@@ -50,7 +50,6 @@ from typing import Literal
 
 from rocm_bootstrap import parse_gfx_target_version
 
-from vllm_bundle.errors import BundleError
 from vllm_bundle.recipes import Target
 from vllm_bundle.runtime import amdgpu, gpu_memory
 
@@ -81,10 +80,6 @@ class Finding:
     status: Status
     message: str
     fix: str = ""
-
-
-class NotReadyError(BundleError):
-    """``install`` refused: the machine cannot run the bundle it would install."""
 
 
 def diagnose(

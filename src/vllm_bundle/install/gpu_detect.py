@@ -12,12 +12,8 @@ from collections.abc import Mapping
 
 from rocm_bootstrap import detect_gfx_targets
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import NoSupportedGPUError
 from vllm_bundle.recipes import Target
-
-
-class NoSupportedGPUError(BundleError):
-    """No AMD GPU, or none that any target supports."""
 
 
 def detect_isas() -> list[str]:

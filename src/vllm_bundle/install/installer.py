@@ -34,15 +34,8 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.errors import DiskFullError, InstallError, NetworkError
-from vllm_bundle.manifests import (
-    RELEASE_JSON,
-    ManifestError,
-    json_kind,
-    part_name,
-    pinned_tag,
-    read_backend_versions,
-)
+from vllm_bundle.errors import DiskFullError, InstallError, ManifestError, NetworkError
+from vllm_bundle.manifests import RELEASE_JSON, json_kind, part_name, pinned_tag, read_backend_versions
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher

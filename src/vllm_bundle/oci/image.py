@@ -17,17 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError
+from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError, RegistryError
 from vllm_bundle.manifests import dump_json, read_json
 from vllm_bundle.oci.layout import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, sha256_digest, write_image
-from vllm_bundle.oci.registry import (
-    Reference,
-    RegistryClient,
-    RegistryError,
-    mirrored,
-    parse_document,
-    platform_manifest,
-)
+from vllm_bundle.oci.registry import Reference, RegistryClient, mirrored, parse_document, platform_manifest
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.release.archive import archiver

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import KServeError
 from vllm_bundle.recipes import AttentionRule
 from vllm_bundle.util.fsutil import atomic_write
 
@@ -29,10 +29,6 @@ DERIVED_SUFFIX = "-predictor"
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_NAME = 63
 MAX_TARGET = MAX_NAME - max(len(RUNTIME_PREFIX), len(SERVICE_PREFIX) + len(DERIVED_SUFFIX))
-
-
-class KServeError(BundleError):
-    """The KServe manifests cannot be rendered for this target."""
 
 
 def kserve_names(target: str) -> dict[str, str]:

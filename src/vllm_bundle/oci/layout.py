@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 from zlib_ng import gzip_ng_threaded
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import ImageError
 from vllm_bundle.release.archive import (
     COMPRESSION_WORKERS,
     add_entry,
@@ -56,10 +56,6 @@ LAYER_TYPES = {
 REF_NAME = "org.opencontainers.image.ref.name"
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 LAYER_NAME = "dev.vllm-bundle.layer"
-
-
-class ImageError(BundleError):
-    """The image cannot be written as asked (an unknown base layer type, a tree entry no layer takes)."""
 
 
 def canonical_json(document: Mapping[str, Any]) -> bytes:

@@ -32,7 +32,7 @@ from urllib.parse import urljoin
 
 import requests
 
-from vllm_bundle.errors import FetchError, HashMismatchError, NetworkError
+from vllm_bundle.errors import HashMismatchError, NetworkError, RegistryError
 from vllm_bundle.oci.layout import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -60,10 +60,6 @@ CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 #: Blobs larger than this go up in chunks of this size, each retried on its own. GHCR refuses a
 #: chunk over 4 MiB (416 "exceeds the maximum permissible limit of 4.00MiB", ocx-sh/ocx#237).
 CHUNK_SIZE = 4 * 1024 * 1024
-
-
-class RegistryError(FetchError):
-    """A registry refused a request or answered with something unusable."""
 
 
 @dataclass(frozen=True)

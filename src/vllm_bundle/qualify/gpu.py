@@ -27,7 +27,8 @@ from typing import Any
 import psutil
 import requests
 
-from vllm_bundle.manifests import RELEASE_JSON, ManifestError, dump_json, read_json, write_sha256sums
+from vllm_bundle.errors import ManifestError
+from vllm_bundle.manifests import RELEASE_JSON, dump_json, read_json, write_sha256sums
 from vllm_bundle.qualify.tier0 import CheckResult, Report
 from vllm_bundle.recipes import Target
 from vllm_bundle.runtime import amdgpu

@@ -27,10 +27,6 @@ from vllm_bundle.util.tarstream import StreamTar
 MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime", "size", "linkname")
 
 
-class NotReproducibleError(BundleError):
-    """Two builds from the same inputs differ."""
-
-
 def _members(parts: Sequence[Path]) -> Iterator[tuple[tarfile.TarInfo, str]]:
     """The members of an archive given as its parts, with a hash of each member's content."""
     read, write = os.pipe()

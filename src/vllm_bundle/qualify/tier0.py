@@ -30,7 +30,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_bundle.errors import BundleError, RecipeError
+from vllm_bundle.errors import QualificationError, RecipeError
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
@@ -47,10 +47,6 @@ from vllm_bundle.util.parts import extract_parts
 QUALIFY_FILE = "qualify.toml"
 TORCH_MANGLED = ("_ZN3c10", "_ZNK3c10", "_ZN2at", "_ZNK2at", "_ZN5torch", "_ZNK5torch")
 SHOWN = 5  # problems listed per check
-
-
-class QualificationError(BundleError):
-    """Tier 0 found a defect: the bundle is not fit to ship."""
 
 
 @dataclass(frozen=True)

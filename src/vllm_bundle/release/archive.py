@@ -28,7 +28,7 @@ from typing import BinaryIO
 from zlib_ng import gzip_ng_threaded
 from zlib_ng import zlib_ng as zlib_ng_core
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import ArchiveError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, part_name
 from vllm_bundle.util.tarstream import StreamTar
 
@@ -46,10 +46,6 @@ def archiver() -> dict[str, str | int]:
         "python-zlib-ng": importlib.metadata.version("zlib-ng"),
         "workers": COMPRESSION_WORKERS,
     }
-
-
-class ArchiveError(BundleError):
-    """The tree cannot be archived as it is (e.g. a symlink that leaves it)."""
 
 
 @dataclass

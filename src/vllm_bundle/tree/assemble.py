@@ -29,7 +29,7 @@ from installer.records import Hash, RecordEntry
 from installer.sources import WheelFile
 from installer.utils import Scheme, copyfileobj_with_hashing
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import AssembleError
 from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.tree.launcher import render_launcher, runtime_files
 from vllm_bundle.tree.prune import PruneRules, prune
@@ -45,10 +45,6 @@ AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
 #: Python extensions and tools run from elsewhere (Triton's, the SDK's clang and its libomp in
 #: lib/llvm/lib, TheRock build_tools/github_actions/test_executable_scripts/pytest_runner.py) do not.
 LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
-
-
-class AssembleError(BundleError):
-    """A wheel could not be installed, or the tree is not what the launcher needs."""
 
 
 @dataclass(frozen=True)

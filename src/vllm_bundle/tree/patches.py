@@ -23,13 +23,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from unidiff.patch import PatchSet
 
-from vllm_bundle.errors import BundleError, RecipeError
+from vllm_bundle.errors import PatchError, RecipeError
 
 HEADER_FIELDS = ("Patch", "Versions", "Why", "Upstream-Archs")
-
-
-class PatchError(BundleError):
-    """A patch does not apply (or no variant covers the vLLM version)."""
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import BundleError, UnsafeArchiveError
 from vllm_bundle.tree.stage import StageResult, run_stage
-from vllm_bundle.util.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
 
 STAGE_VERSION = 2

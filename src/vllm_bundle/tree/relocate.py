@@ -13,17 +13,13 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import RelocationError
 from vllm_bundle.util.elf import dynamic_info, is_elf, set_runpath
 
 TRAMPOLINE = """#!/bin/sh
 '''exec' "$(dirname -- "$(realpath -- "$0")")/{python}" "$0" "$@"
 ' '''
 """
-
-
-class RelocationError(BundleError):
-    """A file still refers to the build directory."""
 
 
 def regular_files(root: Path) -> Iterator[Path]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import BuildError, UnsafeArchiveError
 from vllm_bundle.inputs.sdist_requirements import filter_torch_family
 from vllm_bundle.inputs.triton_kernels import extract_package
 from vllm_bundle.recipes import ExtensionRule, Target
@@ -44,7 +44,7 @@ from vllm_bundle.tree.assemble import install_into
 from vllm_bundle.tree.relocate import files_mentioning
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_wheel
-from vllm_bundle.util.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
 
 STAGE_VERSION = 2
@@ -89,10 +89,6 @@ done
 cuid=$(printf '%s' "$src" | sha256sum | cut -c1-16)
 exec "$@" "-cuid=$cuid"
 """
-
-
-class BuildError(BundleError):
-    """The vLLM wheel build failed, or its output is not what the target needs; the full log is kept."""
 
 
 def max_jobs() -> int:

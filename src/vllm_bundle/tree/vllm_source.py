@@ -10,9 +10,10 @@ from typing import Any
 
 from packaging.version import Version
 
+from vllm_bundle.errors import UnsafeArchiveError
 from vllm_bundle.tree.patches import Outcome, apply_series, read_series, verify_outcomes
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
-from vllm_bundle.util.extract import UnsafeArchiveError, safe_extract
+from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
 
 STAGE_VERSION = 3

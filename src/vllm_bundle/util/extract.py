@@ -30,13 +30,9 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from vllm_bundle.errors import BundleError, DiskFullError
+from vllm_bundle.errors import DiskFullError, UnsafeArchiveError
 
 CHUNK = 1 << 20
-
-
-class UnsafeArchiveError(BundleError):
-    """An archive entry would write outside its destination, or is a special file."""
 
 
 class _Refused(Exception):

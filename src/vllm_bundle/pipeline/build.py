@@ -9,7 +9,6 @@ is skipped and a changed input redoes only the stages that depend on it. ``--for
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from vllm_bundle.tree.toolchain import wrapper_template, zig_target
 from vllm_bundle.tree.vllm_build import RocmInputs, WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.fsutil import link_or_copy
 from vllm_bundle.util.progress import human_size
 
 
@@ -70,7 +70,7 @@ def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where: Path) -> dict[Path, str]:
+def named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where: Path) -> dict[Path, str]:
     """Cache blobs under their wheel file names (installers parse them), as hard links made afresh each
     run (a name may be re-published with other bytes); returns each path with its pinned sha256."""
     where.mkdir(parents=True, exist_ok=True)
@@ -78,10 +78,7 @@ def _named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where
     for artifact in artifacts:
         named = where / artifact.filename
         named.unlink(missing_ok=True)
-        try:
-            named.hardlink_to(fetched[artifact.sha256])
-        except OSError:  # another file system
-            shutil.copyfile(fetched[artifact.sha256], named)
+        link_or_copy(str(fetched[artifact.sha256]), str(named))
         paths[named] = artifact.sha256
     return paths
 
@@ -138,7 +135,7 @@ def build_bundle(
     )
     others = [w for w in wheels if w.name != "vllm"]
     begin("site")
-    named = _named_wheels(others, fetched, base / ".wheels")
+    named = named_wheels(others, fetched, base / ".wheels")
     rocm = lock.artifact("rocm-sdist")
     sdists = {fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
     family = channel.sdk_target_family(target)
@@ -269,7 +266,7 @@ def _vllm_wheel(
     lock = plan.lock
     if "vllm-sdist" not in lock.roles:
         (artifact,) = [w for w in plan.wheels if w.name == "vllm"]
-        (named,) = _named_wheels([artifact], plan.fetched, base / ".wheels")
+        (named,) = named_wheels([artifact], plan.fetched, base / ".wheels")
         return prebuilt_wheel_stage(named, artifact.sha256, base / "vllm-wheel", "vllm-wheel" in force)
     sdist = lock.artifact("vllm-sdist")
     source = step(
@@ -292,7 +289,7 @@ def _vllm_wheel(
             kernels = (plan.fetched[archive.sha256], archive.sha256, archive.filename)
         rocm = RocmInputs(
             site_packages=layout.site,
-            build_wheels=_named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
+            build_wheels=named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
             triton_kernels=kernels,
             triton_kernels_package=recipes.vllm.triton_kernels.package,
             cmake_build_type=recipes.vllm.cmake_build_type,

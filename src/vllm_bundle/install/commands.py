@@ -1,0 +1,118 @@
+"""The consumer's verbs: ``vllm-bundle install`` (a release, verified, atomic, resumable, after doctor's
+checks) and ``vllm-bundle doctor`` (can this machine run a bundle). Runtime dependencies only."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from platformdirs import user_data_path
+
+from vllm_bundle.errors import BundleError, InstallError, NotReadyError, RecipeError
+from vllm_bundle.install.doctor import blockers, diagnose, for_install, render_json, render_text
+from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
+from vllm_bundle.install.installer import install_release, release_from_assets, release_from_pins
+from vllm_bundle.manifests import detect_target
+from vllm_bundle.recipes import Target, load_targets
+from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, host_root
+from vllm_bundle.util.cache import Cache, default_cache_dir
+from vllm_bundle.util.fetch import Fetcher
+from vllm_bundle.util.progress import make_reporter
+from vllm_bundle.util.transport import RetryPolicy
+
+
+def _install_target(args: argparse.Namespace) -> str | None:
+    """The target asked for: a name, or (``auto``) the one covering this machine's GPU."""
+
+    if args.target is None:
+        return None
+    targets = load_targets(args.recipes)
+    if args.target != "auto":
+        if args.target not in targets:
+            raise RecipeError(f"unknown target {args.target!r}; valid targets: {', '.join(targets)}, auto")
+        return str(args.target)
+    isas = detect_isas()
+    name = target_for_isas(targets, isas)
+    print(f"this machine's GPU: {', '.join(isas)} -> target {name}")
+    return name
+
+
+def _host_root(args: argparse.Namespace) -> Path:
+    """``--host-root``, else ``$VLLM_BUNDLE_HOST_ROOT``, else ``/``: where ``sys``, ``proc`` and ``dev`` are read."""
+
+    root: Path = args.host_root or host_root()
+    if not root.is_dir():
+        shown = f"--host-root {root}" if args.host_root else f"${HOST_ROOT_VARIABLE} {root}"
+        raise BundleError(f"{shown} is not a directory", "name the root of a host tree (with sys/, proc/ and dev/)")
+    return root
+
+
+def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> Target | None:
+    """The bundle to check for: ``--target NAME``, the target of ``--bundle DIR``, or (``auto`` or
+    neither) None: whichever target serves the GPU."""
+    name: str | None = args.target
+    if args.bundle is not None:
+        name = detect_target(args.bundle)
+        if name is None:
+            raise RecipeError(f"cannot tell the target of {args.bundle} (no bin/vllm-server of ours)", "pass --target")
+    if name is None or name == "auto":
+        return None
+    if name not in targets:
+        raise RecipeError(f"unknown target {name!r}; valid targets: {', '.join(targets)}, auto")
+    return targets[name]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+
+    targets = load_targets(args.recipes)
+    target = _doctor_target(args, targets)
+    findings = diagnose(_host_root(args), targets, target, args.gpu_memory_utilization, os.environ)
+    print(render_json(findings) if args.json else render_text(findings))
+    return 1 if blockers(findings) else 0
+
+
+def _check_host(args: argparse.Namespace, target: str) -> None:
+    """``doctor``'s checks for the bundle about to be installed: its findings printed, and a blocker
+    refuses the install before anything is downloaded (unless ``--force``)."""
+
+    targets = load_targets(args.recipes)
+    findings = for_install(diagnose(_host_root(args), targets, targets.get(target), None, os.environ))
+    print(render_text(findings), flush=True)
+    blocking = blockers(findings)
+    if blocking and not args.force:
+        raise NotReadyError(
+            f"this machine cannot run the {target} bundle: {blocking[0].message}",
+            "fix what `vllm-bundle doctor` lists, or pass --force to install anyway",
+        )
+    if blocking:
+        print(f"installing anyway (--force): {len(blocking)} blocker{'' if len(blocking) == 1 else 's'}", flush=True)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+
+    policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
+    target = _install_target(args)
+    source = str(args.source)
+    if source.endswith(".json") and Path(source).is_file():
+        if target is None:
+            raise RecipeError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
+        release = release_from_pins(Path(source), target, args.mirror)
+    else:
+        release = release_from_assets(source, policy, targets=load_targets(args.recipes))
+        if target is not None and release.target != target:
+            raise InstallError(f"{source} is the {release.target} release, not {target}", "pick that target's release")
+    _check_host(args, release.target)
+    dest = args.dest or user_data_path("vllm-bundle") / release.target
+    fetcher = Fetcher(
+        Cache(args.cache_dir or default_cache_dir()),
+        make_reporter(sum(release.sizes.values()) or None, plain=True if args.plain else None),
+        policy=policy,
+        mirror=None if release.is_url() else release.location,
+        jobs=args.jobs,
+        verify_cached=True,  # re-hash cached parts: cheap beside the extraction, and what is installed is run
+    )
+    with fetcher:
+        install_release(release, dest, fetcher, policy)
+    return 0

@@ -1,0 +1,4 @@
+"""The pipeline's wiring, the one place stages are put together: ``build`` runs them for one target in
+order (lock → fetch → python → site → vllm-src → vllm-wheel → app → root → qualify → release → image),
+``verbs`` gives each build verb of the command line one function, ``options`` reads what the command
+line selects, and ``console`` prints what happened."""

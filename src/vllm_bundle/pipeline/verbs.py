@@ -1,0 +1,441 @@
+"""The build verbs (``lock``, ``probe``, ``fetch``, ``patch``, ``vllm-wheel``, ``bundle``/``image``,
+``verify-repro``, ``merge-manifests``): each takes the parsed command line, runs the stages of
+:mod:`vllm_bundle.pipeline.build` (the one place they are wired) and prints what happened."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vllm_bundle.errors import (
+    LockError,
+    LockMissingError,
+    LockOutOfDateError,
+    NotReproducibleError,
+    RecipeError,
+    redact_urls,
+)
+from vllm_bundle.inputs.facts import load_facts
+from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
+from vllm_bundle.inputs.probe import run_probe
+from vllm_bundle.inputs.simple_index import project_files
+from vllm_bundle.manifests import check_repo, dump_json, merge_backend_versions, read_backend_versions
+from vllm_bundle.oci.image import (
+    LAYOUT,
+    ImageRecipe,
+    base_lock_path,
+    fetch_base,
+    image_reference,
+    load_image_recipe,
+    lock_base,
+    read_base_lock,
+    read_image_record,
+    revision,
+)
+from vllm_bundle.oci.kserve import check_target, render_kserve
+from vllm_bundle.oci.layout import MANIFEST, Descriptor
+from vllm_bundle.oci.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
+from vllm_bundle.paths import default_facts
+from vllm_bundle.pipeline.build import ImageOptions, build_bundle, named_wheels, summary_lines
+from vllm_bundle.pipeline.console import say, stage_printer
+from vllm_bundle.pipeline.options import cache_of, fetcher_of, locks_dir, policy_of, recipes_of
+from vllm_bundle.qualify.commands import print_report
+from vllm_bundle.qualify.repro import build_twice, compare_asset_dirs, compare_layouts
+from vllm_bundle.qualify.tier0 import read_report
+from vllm_bundle.recipes import Recipes, Target
+from vllm_bundle.release.assets import ReleaseOptions, default_repo
+from vllm_bundle.tree.stage import StageResult, check_stage_names, exclusive
+from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
+from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
+from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.fsutil import atomic_write
+from vllm_bundle.util.progress import human_size
+from vllm_bundle.util.transport import RetryPolicy, make_session
+
+
+def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
+    """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
+
+    check_lock(recipes, recipes.target(target), recipes.channel(channel), locks_dir(args))
+    lock, pylock = read_lock(locks_dir(args), channel, target)
+    python = recipes.python
+    return [*lock.artifacts, *wheel_artifacts(pylock, python.minor, python.platform, frozenset({BUILD_GROUP}))]
+
+
+def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> str:
+    """Lock one target in ``args.channel``; returns a line naming the pinned versions."""
+
+    target, channel = recipes.target(target_name), recipes.channel(args.channel)
+    with fetcher_of(args, None) as fetcher:  # no --mirror here: the lock applies it to release files itself
+        sources = Sources(args.therock_index, args.pypi_index, args.mirror)
+        lock = make_lock(recipes, target, channel, fetcher, sources, locks_dir(args))
+    pins = ", ".join(f"{k} {v}" for k, v in sorted(lock.versions.items()))
+    return f"locked {target.name} ({channel.name}): {pins}"
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    recipes = recipes_of(args)
+    recipes.channel(args.channel)
+    targets = [recipes.target(name).name for name in args.targets]
+    if args.check:
+        return _check_locks(recipes, args, targets)
+    if not targets and not args.image:
+        raise RecipeError("lock needs a target (or --image)", f"valid targets: {', '.join(recipes.targets)}")
+    for target in targets:
+        print(_make_lock(recipes, args, target))
+    if args.image:
+        print(_lock_image_base(args, load_image_recipe(args.recipes)))
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+
+    recipes = recipes_of(args)
+    target, channel = recipes.target(args.target), recipes.channel(args.channel)
+    path = args.facts or default_facts()
+    facts = load_facts(path)
+    sources = Sources(args.therock_index, args.pypi_index, args.mirror)
+    with make_session(RetryPolicy()) as session:
+
+        def say(line: str) -> None:
+            print(redact_urls(line), flush=True)
+
+        probe = run_probe(session, facts, recipes, target, channel, sources, note=say)
+    for difference in probe.differences:
+        print(redact_urls(difference.line()))
+    if probe.differences:
+        print(
+            f"error: {len(probe.differences)} of {probe.checked} facts of {path} differ from what channel "
+            f"{channel.name} serves (correct each from its source, and the fixture with it)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"ok     {probe.checked} facts of {path} agree with what channel {channel.name} serves")
+    return 0
+
+
+def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
+
+    locks = locks_dir(args)
+    if targets:
+        pairs = [(recipes.target(t), recipes.channel(args.channel)) for t in targets]
+    else:  # every lock present, in every channel
+        pairs = [
+            (recipes.target(path.name.removesuffix(".toml")), recipes.channel(path.parent.name))
+            for path in sorted(locks.glob("*/*.toml"))
+            if not path.name.startswith("pylock.")
+        ]
+        if not pairs and not args.image:
+            raise LockError(f"no locks under {locks}", "run `nox -s lock -- <target>` where upstream is reachable")
+    for target, channel in pairs:
+        check_lock(recipes, target, channel, locks)
+        print(f"ok     {channel.name}/{target.name}: lock matches its recipe")
+    if args.image or base_lock_path(locks).exists():
+        lock = read_base_lock(locks, load_image_recipe(args.recipes))
+        print(f"ok     image base {lock.reference}: lock matches its recipe ({lock.manifest.digest})")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    recipes = recipes_of(args)
+    artifacts = locked_artifacts(recipes, args, args.target, args.channel)
+    total = sum(a.size or 0 for a in artifacts)
+    with fetcher_of(args, total, args.mirror) as fetcher:
+        missing = fetcher.missing(artifacts)
+        fetcher.fetch_all(artifacts)
+    print(
+        f"fetched {args.target} ({args.channel}): {len(artifacts)} artifacts, {human_size(total)} in "
+        f"{fetcher.cache.root}; {len(missing)} downloaded ({human_size(fetcher.bytes_transferred)} "
+        f"transferred), {len(artifacts) - len(missing)} already cached"
+    )
+    return 0
+
+
+def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
+    """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
+
+    if args.vllm:
+        if args.offline:
+            raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
+        index = args.pypi_index or recipes.channel(args.channel).pypi_index
+        filename = f"vllm-{args.vllm}.tar.gz"
+        entry = next((f for f in project_files(fetcher.session, index, "vllm") if f.filename == filename), None)
+        if entry is None or not entry.sha256:
+            raise LockError(f"the index {index} has no {filename} with a sha256", "check the version")
+        artifact = Artifact("vllm", filename, entry.url, entry.sha256, entry.size)
+        return fetcher.fetch_one(artifact), entry.sha256, args.vllm
+    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    lock, _ = read_lock(locks_dir(args), args.channel, args.target)
+    artifact = lock.artifact("vllm-sdist")
+    return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
+
+
+def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResult, str]:
+    """The patched source and its vLLM version."""
+
+    with fetcher_of(args, None, args.mirror) as fetcher:
+        sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
+    out = args.build_dir / args.target / "vllm-src"
+    result = prepare_source(sdist, sha, version, args.patches, out, recipes.all_isas, force=args.force)
+    state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
+    if "redone" in result.details:
+        state += f"; the cached tree had changed: {result.details['redone']}"
+    print(f"stage  vllm-src ({state}): vLLM {version} in {out}")
+    for outcome in outcomes_of(result):
+        variant = f" ({outcome.variant})" if outcome.variant else ""
+        print(f"  {outcome.patch_id:<20} {outcome.status}{variant}")
+    return result, version
+
+
+def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
+    """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
+
+    if args.vllm:
+        return None
+    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    lock, pylock = read_lock(locks_dir(args), args.channel, args.target)
+    if "vllm-sdist" in lock.roles:
+        return None
+    wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
+    artifact = next((a for a in wheels if a.name == "vllm"), None)
+    if artifact is None:
+        raise LockError(
+            f"the lock for {args.channel}/{args.target} pins neither a vLLM source release nor a wheel", "re-lock"
+        )
+    with fetcher_of(args, artifact.size, args.mirror) as fetcher:
+        path = fetcher.fetch_one(artifact)
+    (named,) = named_wheels([artifact], {artifact.sha256: path}, args.build_dir / args.target / ".downloads")
+    return named, artifact
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    recipes = recipes_of(args)
+    recipes.target(args.target)
+    with exclusive(args.build_dir / args.target, say):
+        if _prebuilt_vllm(args, recipes) is not None:
+            raise RecipeError(
+                f"channel {args.channel} uses a prebuilt vLLM wheel (repackage mode): nothing to patch",
+                "use a channel without vllm-wheel, or --vllm VERSION",
+            )
+        _source_stage(args, recipes)
+    return 0
+
+
+def cmd_vllm_wheel(args: argparse.Namespace) -> int:
+    recipes = recipes_of(args)
+    target = recipes.target(args.target)
+    base = args.build_dir / args.target
+    with exclusive(base, say):
+        return _standalone_wheel(args, recipes, target, base)
+
+
+#: The zip time of a wheel built outside a bundle (no lock gives a source date): 1980-01-01, the earliest.
+STANDALONE_SOURCE_DATE = 315532800
+
+
+def _standalone_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
+
+    prebuilt = _prebuilt_vllm(args, recipes)
+    if prebuilt is not None:
+        wheel, artifact = prebuilt
+        result = prebuilt_wheel_stage(wheel, artifact.sha256, base / "vllm-wheel", force=args.force)
+    else:
+        if not args.python_only:
+            raise RecipeError(
+                "vllm-wheel builds a Python-only wheel with a given interpreter (to try the patch series)",
+                "pass --python-only; a ROCm build runs in `bundle`, whose site stage is its build environment",
+            )
+        source, version = _source_stage(args, recipes)
+        python = args.python.absolute()
+        if not python.exists():
+            raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
+        build = WheelBuild(python, STANDALONE_SOURCE_DATE, rocm=None)
+        log = base / "logs" / "vllm-wheel.log"
+        result = wheel_stage(target, source, version, build, base / "vllm-wheel", log, force=args.force)
+    state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
+    print(f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} ({result.details['device']})")
+    return 0
+
+
+def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
+    """As ``uv run`` does: a missing lock, or one older than its recipe, is made first (one line says
+    so); with ``--locked`` (the release workflow) it is refused instead. A lock that fails its own
+    integrity check (edited by hand) is never silently replaced."""
+
+    try:
+        check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    except (LockMissingError, LockOutOfDateError) as err:
+        if args.locked:
+            raise
+        print(f"lock   {err.message}: locking {args.target} ({args.channel}) first (--locked refuses instead)")
+        print(_make_lock(recipes, args, args.target), flush=True)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+
+    recipes = recipes_of(args)
+    recipes.target(args.target)
+    recipes.channel(args.channel)
+    check_stage_names(args.force_stage)
+    wants_image = args.image or bool(args.push)
+    if not args.no_archive:
+        check_release_dirs(args.build_dir, args.target, args.bundles_dir)
+    if wants_image:
+        check_target(args.target)  # its KServe names, checked now rather than after the build
+    if "image" in args.force_stage and not wants_image:
+        raise RecipeError("--force image redoes the image stage, which runs only with --image", "add --image")
+    if wants_image and args.no_archive:
+        raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
+    if args.push:
+        Reference.parse(args.push)  # a bad destination is refused now, not after the build
+    _lock_if_needed(recipes, args)
+    image_recipe = _image_recipe_locked(args) if wants_image else None
+    release = None
+    if not args.no_archive:  # checked before anything is written, not after an hour of building
+        release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
+        check_repo(release.repo)
+    with exclusive(args.build_dir / args.target, say):
+        image = _image_options(args, image_recipe) if image_recipe is not None else None
+        return _build(recipes, args, release, image)
+
+
+def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
+    """The release assets must not land inside the target's build tree (its root is what the archive
+    holds, so the next archive would carry this release; every stage folder there is replaced whole),
+    nor the build tree inside a release folder (a release replaces its folder whole)."""
+    resolved_tree, resolved_bundles = (build_dir / target).resolve(), bundles_dir.resolve()
+    if resolved_bundles.is_relative_to(resolved_tree):
+        raise RecipeError(
+            f"--bundles-dir {bundles_dir} is inside {build_dir / target}, the build tree of {target} "
+            f"(its root is archived: the next archive would hold this release)",
+            "pass a --bundles-dir outside --build-dir's target folders, e.g. ./bundles beside ./build",
+        )
+    build = build_dir.resolve()
+    if build.is_relative_to(resolved_bundles) and len(build.relative_to(resolved_bundles).parts) >= 2:
+        raise RecipeError(
+            f"--build-dir {build_dir} is inside a release folder of --bundles-dir {bundles_dir} "
+            f"(a release replaces its folder whole)",
+            "keep the build directory out of the bundles directory's folders, e.g. ./build beside ./bundles",
+        )
+
+
+def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
+    """The image recipe, its base locked first when the lock is missing or stale (unless --locked)."""
+
+    recipe = load_image_recipe(args.recipes)
+    try:
+        read_base_lock(locks_dir(args), recipe)
+    except (LockMissingError, LockOutOfDateError) as err:
+        if args.locked:
+            raise
+        print(f"lock   {err.message}: locking the image base first (--locked refuses instead)")
+        print(_lock_image_base(args, recipe), flush=True)
+    return recipe
+
+
+def _lock_image_base(args: argparse.Namespace, recipe: ImageRecipe) -> str:
+
+    lock = lock_base(recipe, locks_dir(args), cache_of(args), args.registry_mirror, policy_of(args))
+    return f"locked image base {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
+
+
+def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOptions:
+
+    lock = read_base_lock(locks_dir(args), recipe)
+    base = fetch_base(recipe, lock, cache_of(args), args.registry_mirror, policy_of(args), args.offline)
+    return ImageOptions(recipe, base, revision())
+
+
+def _build(
+    recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None, image: ImageOptions | None = None
+) -> int:
+
+    starting, finished = stage_printer(args)
+    with fetcher_of(args, None, args.mirror) as fetcher:
+        run = build_bundle(
+            recipes,
+            args.target,
+            args.channel,
+            locks_dir(args),
+            fetcher,
+            args.build_dir,
+            args.patches,
+            force=args.force_stage,
+            announce=finished,
+            starting=starting,
+            release=release,
+            bundles_dir=args.bundles_dir,
+            warn_only=args.warn_only,
+            image=image,
+            python_only=args.python_only_vllm,
+        )
+    if run.report is not None:
+        print_report(read_report(run.report), run.report)
+    for line in summary_lines(run):
+        print(line)
+    if run.image_dir is not None and image is not None and release is not None:
+        assert run.release_dir is not None  # the image stage runs after the release stage
+        _publish_image(args, recipes, run.image_dir, run.release_dir, image.recipe, release.repo)
+    return 0
+
+
+def _publish_image(
+    args: argparse.Namespace, recipes: Recipes, image_dir: Path, release_dir: Path, recipe: ImageRecipe, repo: str
+) -> None:
+    """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
+    for it, pinned by digest."""
+
+    record = read_image_record(image_dir)
+    tag, digest = str(record["tag"]), str(record["digest"])
+    print(f"image  {tag} {digest}  (OCI layout: {image_dir / LAYOUT})")
+    reference = image_reference(recipe.repository, repo, tag, digest)
+    if args.push:
+        destination, url = mirrored(Reference.parse(args.push), None)
+        destination = Reference(destination.registry, destination.repository, tag)
+        client = RegistryClient(url, policy_of(args))
+        result = push_layout(image_dir / LAYOUT, destination, client, print)
+        sent = f"{result.uploaded} blob{'' if result.uploaded == 1 else 's'} sent, {result.skipped} already there"
+        print(f"pushed {result.reference}@{result.digest} ({sent})")
+        subject = Descriptor(MANIFEST, digest, int(record["size"]))
+        sbom = release_dir / f"{tag}-x64.cdx.json"
+        attached = push_referrer(client, destination.repository, subject, CYCLONEDX, sbom, str(record["created"]))
+        print(f"sbom   {sbom.name} attached to the image as {attached}")
+        reference = f"{result.reference}@{result.digest}"
+    attention = recipes.vllm.attention_rule(str(record["vllm"]))
+    kserve = render_kserve(reference, args.target, attention, image_dir.parent / "kserve")
+    print(f"kserve {', '.join(str(path) for path in kserve)}")
+
+
+def cmd_verify_repro(args: argparse.Namespace) -> int:
+
+    if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
+        raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
+    with_image = "--image" in args.bundle_args
+    first, second = build_twice([args.target, *args.bundle_args], args.work)
+    differences = compare_asset_dirs(first, second)
+    images = [tag_dir.parent.parent / "build" / args.target / "image" for tag_dir in (first, second)]
+    if with_image:
+        differences += compare_layouts(images[0] / LAYOUT, images[1] / LAYOUT)
+    if differences:
+        raise NotReproducibleError(
+            f"two builds of {args.target} differ: {'; '.join(differences[:3])}",
+            f"compare {first} and {second}",
+        )
+    count = len(list(first.iterdir()))
+    image = f" and the image {read_image_record(images[0])['digest']}" if with_image else ""
+    print(
+        f"reproducible: {count} assets of {first.name}{image} are byte-identical across two builds "
+        f"(different directories, umask 022/077, TZ UTC/Pacific/Kiritimati)"
+    )
+    return 0
+
+
+def cmd_merge_manifests(args: argparse.Namespace) -> int:
+
+    merged = merge_backend_versions([read_backend_versions(path) for path in args.files])
+    atomic_write(args.output, dump_json(merged))
+    tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
+    print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
+    return 0

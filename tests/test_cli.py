@@ -1,0 +1,128 @@
+"""The command line as users meet it: the help (verbs listed once, examples, options in groups, the
+consumer's verb showing only consumer options, valid targets, defaults), the exit code of each kind of
+error, ``--debug`` for a bug report, and GitHub Actions' annotations."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_bundle.errors import EXIT_CODES, BundleError, DiskFullError, InstallError, LockError, RecipeError
+from vllm_bundle.recipes import load_targets
+from vllm_bundle.util.ci import GitHubActions
+
+VERBS = [
+    "lock",
+    "probe",
+    "fetch",
+    "patch",
+    "vllm-wheel",
+    "bundle",
+    "image",
+    "verify-repro",
+    "qualify",
+    "qualify-gpu",
+    "install",
+    "doctor",
+    "merge-manifests",
+]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "COLUMNS": "120", **(env or {})}
+    environment.pop("GITHUB_ACTIONS", None) if "GITHUB_ACTIONS" not in (env or {}) else None
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_bundle", *args], capture_output=True, text=True, env=environment, timeout=60
+    )
+
+
+def test_the_top_level_help_lists_each_verb_once_with_examples() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    text = result.stdout
+    listed = re.findall(r"^    (\S+)", text, re.M)
+    assert listed == VERBS, "each verb once, in the order a build goes"
+    assert "{" not in text.split("verbs:")[1].split("examples:")[0], "no {a,b,c} list of the verbs"
+    assert "``" not in text and ":mod:" not in text, "no reST markup"
+    assert "examples:\n  vllm-bundle bundle gfx1151" in text
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_no_verb_help_has_rest_markup(verb: str) -> None:
+    text = run_cli(verb, "--help").stdout
+    assert text.startswith("usage: ")
+    assert "``" not in text and ":class:" not in text
+
+
+def test_bundle_help_groups_its_options_and_names_targets_and_defaults() -> None:
+    text = run_cli("bundle", "--help").stdout
+    groups = re.findall(r"^(\S[^:\n]*):$", text, re.M)
+    assert groups[:1] == ["positional arguments"]
+    assert {"the build", "inputs", "release assets", "OCI image", "recipes and locks", "downloads"} <= set(groups)
+    assert f"one of: {', '.join(load_targets(Path('recipes')))}" in " ".join(text.split())
+    assert "--build-dir BUILD_DIR" in text and "(default: build)" in text
+    assert "(default: 6)" in text, "the gzip level's default"
+    assert "(default: False)" not in text and "(default: None)" not in text
+
+
+def test_install_help_shows_only_what_a_consumer_needs() -> None:
+    text = run_cli("install", "--help").stdout
+    for builder_option in ("--locks", "--channel", "--verify-cache", "--recipes", "--build-dir", "--therock-index"):
+        assert builder_option not in text
+    for option in ("--target", "--dest", "--force", "--cache-dir", "--retries"):
+        assert option in text
+    assert "auto, gfx1151" in text
+
+
+def test_every_error_class_has_a_documented_exit_code() -> None:
+    """One hierarchy, one code per kind; 0, 130 and argparse's 2 keep their meanings."""
+    assert EXIT_CODES["BundleError"] == 1
+    assert RecipeError.exit_code == 2 and LockError.exit_code == 3 and DiskFullError.exit_code == 5
+    assert InstallError.exit_code == 8
+    assert set(EXIT_CODES.values()) == set(range(1, 9))
+    assert not issubclass(DiskFullError, LockError | RecipeError), "disk full is its own kind"
+    assert all(issubclass(BundleError, BundleError) for _ in EXIT_CODES)
+
+
+def test_debug_prints_the_traceback_of_a_user_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    plain = run_cli("doctor", "--host-root", str(missing))
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().startswith("error: --host-root") and plain.stderr.count("\n") == 1
+    for debug in (
+        run_cli("--debug", "doctor", "--host-root", str(missing)),
+        run_cli("doctor", "--host-root", str(missing), env={"VLLM_BUNDLE_DEBUG": "1"}),
+    ):
+        assert debug.returncode == 1
+        assert "Traceback (most recent call last)" in debug.stderr and "BundleError" in debug.stderr
+        assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip(), "the one line still ends it"
+
+
+def test_in_github_actions_the_error_is_also_an_annotation(tmp_path: Path) -> None:
+    result = run_cli("doctor", "--host-root", str(tmp_path / "missing"), env={"GITHUB_ACTIONS": "true"})
+    assert result.returncode == 1
+    line = result.stderr.strip().removeprefix("error: ")
+    assert f"::error::{line}" in result.stdout.splitlines()
+
+
+def test_workflow_commands_escape_their_data_and_groups_do_not_nest() -> None:
+    out = io.StringIO()
+    ci = GitHubActions(out)
+    ci.group("stage python")
+    ci.group("stage site")  # closes the one open
+    ci.end_group()
+    ci.end_group()  # nothing open: nothing written
+    ci.error("100% broken\nsecond line\r")
+    assert out.getvalue().splitlines() == [
+        "::group::stage python",
+        "::endgroup::",
+        "::group::stage site",
+        "::endgroup::",
+        "::error::100%25 broken%0Asecond line%0D",
+    ]
