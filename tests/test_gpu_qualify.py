@@ -142,6 +142,23 @@ def test_tier2_failures_are_named(tmp_path: Path, fault: str, check: str, cause:
     assert any(cause in problem for problem in failed[check]), failed[check]
 
 
+def test_the_wait_for_health_says_it_is_still_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first model load takes minutes: the wait is not silent (a line per interval, with the last answer)."""
+    import vllm_bundle.qualify.gpu as gpu
+
+    monkeypatch.setattr(gpu, "WAIT_NOTICE_SECONDS", 0.5)
+    layout = make_fake_bundle(tmp_path / "bundle", GOOD_PROBE, "unhealthy")
+    options = ServeOptions(**{**OPTIONS.__dict__, "boot_timeout": 2.0})
+    failed = _failed(tier2_checks(layout, options, tmp_path / "server.log"))
+    assert "health" in failed
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("health waiting")]
+    # Two boots (the health check's server, and the one the SIGKILL check starts), ~2 s each.
+    assert 4 <= len(notices) <= 8, notices
+    assert all(line.endswith(" of 2 s (last: HTTP 503)") for line in notices[1:]), notices
+
+
 def test_a_launcher_that_does_not_exec_is_caught(tmp_path: Path) -> None:
     """SIGTERM reaches only the shell; the server it started keeps the port (installers cannot stop it)."""
     layout = make_fake_bundle(tmp_path / "bundle", GOOD_PROBE, launcher_execs=False)

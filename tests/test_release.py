@@ -212,6 +212,9 @@ def test_two_builds_elsewhere_with_other_umask_and_tz_are_identical(
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "byte-identical" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("build  1 of 2 (TZ=UTC, umask 022): "), "each build announced, then its output"
+    assert any(line.startswith("  2| stage  python") for line in lines), "the builds' lines shown as they come"
     assets = tree_digest(tmp_path / "repro" / "run2" / "bundles" / TAG)
     assert assets == tree_digest(built.parent / "bundles" / TAG), "the same assets as the first build here"
 

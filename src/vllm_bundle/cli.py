@@ -190,7 +190,7 @@ def _download_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
 
 
-def _recipes_option(parser: argparse.ArgumentParser, shown: bool = True) -> None:
+def _recipes_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, shown: bool = True) -> None:
     default = default_recipes()
     parser.add_argument(
         "--recipes", type=Path, default=default, help="recipes directory" if shown else argparse.SUPPRESS
@@ -200,7 +200,7 @@ def _recipes_option(parser: argparse.ArgumentParser, shown: bool = True) -> None
 def _common(parser: argparse.ArgumentParser) -> None:
     """The recipes, locks and channel a build verb reads, and how it downloads."""
     group = parser.add_argument_group("recipes and locks")
-    _recipes_option(group)  # type: ignore[arg-type]  # an argument group takes add_argument like a parser
+    _recipes_option(group)
     group.add_argument("--locks", type=Path, default=None, help="locks directory (<recipes>/locks)")
     group.add_argument("--channel", default=DEFAULT_CHANNEL, help="release channel")
     group.add_argument(

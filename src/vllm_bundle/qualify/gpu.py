@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -36,6 +37,8 @@ from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import free_port
 
+#: How often the wait for /health says it is still waiting.
+WAIT_NOTICE_SECONDS = 30.0
 #: Installers send SIGTERM, then SIGKILL after this many seconds (DESIGN.md).
 STOP_GRACE_SECONDS = 5.0
 #: After a SIGKILL of the server, how long what it started may take to go (issue #22).
@@ -223,9 +226,21 @@ def started_server(layout: Layout, options: ServeOptions, log: Path) -> Iterator
 
 
 def wait_healthy(server: Server, options: ServeOptions) -> CheckResult:
+    """Poll ``GET /health`` until it answers 200, the server exits, or the boot timeout passes; a model's
+    first load takes minutes, so a line on stderr every :data:`WAIT_NOTICE_SECONDS` says it is still
+    waiting (and for what)."""
     deadline = time.monotonic() + options.boot_timeout
     began, last = time.monotonic(), "no answer yet"
+    notice = began + WAIT_NOTICE_SECONDS
     while time.monotonic() < deadline:
+        if time.monotonic() >= notice:
+            waited = time.monotonic() - began
+            print(
+                f"health waiting for GET /health: {waited:.0f} of {options.boot_timeout:.0f} s (last: {last})",
+                file=sys.stderr,
+                flush=True,
+            )
+            notice = time.monotonic() + WAIT_NOTICE_SECONDS
         if server.process.poll() is not None:
             problem = f"vllm-server exited with {server.process.returncode} before it was healthy: {server.tail()}"
             return CheckResult("health", False, "GET /health answers 200", [problem])

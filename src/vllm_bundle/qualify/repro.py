@@ -126,6 +126,24 @@ def _restrict(umask: int, one_cpu: bool) -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
+def _run_prefixed(command: list[str], env: dict[str, str], umask: int, one_cpu: bool, prefix: str) -> int:
+    """Run one build, its output shown as it comes, each line prefixed (which build said it); its exit code."""
+    with subprocess.Popen(
+        command,
+        env=env,
+        preexec_fn=functools.partial(_restrict, umask, one_cpu),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
+        return process.wait()
+
+
 def build_twice(bundle_args: Sequence[str], work: Path | None = None) -> tuple[Path, Path]:
     """Run ``vllm-bundle bundle`` twice into separate build and asset directories; returns both."""
     base = Path(work or tempfile.mkdtemp(prefix="vllm-bundle-repro-"))
@@ -148,17 +166,10 @@ def build_twice(bundle_args: Sequence[str], work: Path | None = None) -> tuple[P
         ]
         if index and shutil.which("faketime"):  # a clock a year ahead, where available
             command = ["faketime", "+365d", *command]
-        result = subprocess.run(
-            command,
-            env={**os.environ, **env},
-            preexec_fn=functools.partial(_restrict, umask, index == 1),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            sys.stderr.write(result.stdout + result.stderr)
-            raise BundleError(f"build {index + 1} of the reproducibility check failed (see above)")
+        print(f"build  {index + 1} of 2 (TZ={env['TZ']}, umask {umask:03o}): {run_dir}", flush=True)
+        returncode = _run_prefixed(command, {**os.environ, **env}, umask, index == 1, f"  {index + 1}| ")
+        if returncode != 0:
+            raise BundleError(f"build {index + 1} of the reproducibility check failed (exit {returncode}; see above)")
         (tag_dir,) = [p for p in (run_dir / "bundles").iterdir() if p.is_dir()]
         outputs.append(tag_dir)
         time.sleep(1.1)  # the second build runs at another wall-clock second
