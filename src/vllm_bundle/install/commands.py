@@ -25,7 +25,6 @@ from vllm_bundle.util.transport import RetryPolicy
 
 def _install_target(args: argparse.Namespace) -> str | None:
     """The target asked for: a name, or (``auto``) the one covering this machine's GPU."""
-
     if args.target is None:
         return None
     targets = load_targets(args.recipes)
@@ -41,7 +40,6 @@ def _install_target(args: argparse.Namespace) -> str | None:
 
 def _host_root(args: argparse.Namespace) -> Path:
     """``--host-root``, else ``$VLLM_BUNDLE_HOST_ROOT``, else ``/``: where ``sys``, ``proc`` and ``dev`` are read."""
-
     root: Path = args.host_root or host_root()
     if not root.is_dir():
         shown = f"--host-root {root}" if args.host_root else f"${HOST_ROOT_VARIABLE} {root}"
@@ -65,7 +63,6 @@ def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> T
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-
     targets = load_targets(args.recipes)
     target = _doctor_target(args, targets)
     findings = diagnose(_host_root(args), targets, target, args.gpu_memory_utilization, os.environ)
@@ -76,7 +73,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def _check_host(args: argparse.Namespace, target: str) -> None:
     """``doctor``'s checks for the bundle about to be installed: its findings printed, and a blocker
     refuses the install before anything is downloaded (unless ``--force``)."""
-
     targets = load_targets(args.recipes)
     findings = for_install(diagnose(_host_root(args), targets, targets.get(target), None, os.environ))
     print(render_text(findings), flush=True)
@@ -91,7 +87,6 @@ def _check_host(args: argparse.Namespace, target: str) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)
     source = str(args.source)

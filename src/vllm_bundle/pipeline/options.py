@@ -31,7 +31,6 @@ def policy_of(args: argparse.Namespace) -> RetryPolicy:
 
 
 def fetcher_of(args: argparse.Namespace, grand_total: int | None, mirror: str | None = None) -> Fetcher:
-
     return Fetcher(
         cache_of(args),
         make_reporter(grand_total, plain=True if args.plain else None),

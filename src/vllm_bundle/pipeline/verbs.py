@@ -57,7 +57,6 @@ from vllm_bundle.util.transport import RetryPolicy, make_session
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
     """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
-
     check_lock(recipes, recipes.target(target), recipes.channel(channel), locks_dir(args))
     lock, pylock = read_lock(locks_dir(args), channel, target)
     python = recipes.python
@@ -66,7 +65,6 @@ def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, ch
 
 def _make_lock(recipes: Recipes, args: argparse.Namespace, target_name: str) -> str:
     """Lock one target in ``args.channel``; returns a line naming the pinned versions."""
-
     target, channel = recipes.target(target_name), recipes.channel(args.channel)
     with fetcher_of(args, None) as fetcher:  # no --mirror here: the lock applies it to release files itself
         sources = Sources(args.therock_index, args.pypi_index, args.mirror)
@@ -91,7 +89,6 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-
     recipes = recipes_of(args)
     target, channel = recipes.target(args.target), recipes.channel(args.channel)
     path = args.facts or default_facts()
@@ -117,7 +114,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str]) -> int:
-
     locks = locks_dir(args)
     if targets:
         pairs = [(recipes.target(t), recipes.channel(args.channel)) for t in targets]
@@ -155,7 +151,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
     """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
-
     if args.vllm:
         if args.offline:
             raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
@@ -174,7 +169,6 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
 
 def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResult, str]:
     """The patched source and its vLLM version."""
-
     with fetcher_of(args, None, args.mirror) as fetcher:
         sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
     out = args.build_dir / args.target / "vllm-src"
@@ -191,7 +185,6 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResu
 
 def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
-
     if args.vllm:
         return None
     check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
@@ -236,7 +229,6 @@ STANDALONE_SOURCE_DATE = 315532800
 
 
 def _standalone_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
-
     prebuilt = _prebuilt_vllm(args, recipes)
     if prebuilt is not None:
         wheel, artifact = prebuilt
@@ -263,7 +255,6 @@ def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
     """As ``uv run`` does: a missing lock, or one older than its recipe, is made first (one line says
     so); with ``--locked`` (the release workflow) it is refused instead. A lock that fails its own
     integrity check (edited by hand) is never silently replaced."""
-
     try:
         check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
     except (LockMissingError, LockOutOfDateError) as err:
@@ -274,7 +265,6 @@ def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-
     recipes = recipes_of(args)
     recipes.target(args.target)
     recipes.channel(args.channel)
@@ -323,7 +313,6 @@ def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
 
 def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
     """The image recipe, its base locked first when the lock is missing or stale (unless --locked)."""
-
     recipe = load_image_recipe(args.recipes)
     try:
         read_base_lock(locks_dir(args), recipe)
@@ -336,13 +325,11 @@ def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
 
 
 def _lock_image_base(args: argparse.Namespace, recipe: ImageRecipe) -> str:
-
     lock = lock_base(recipe, locks_dir(args), cache_of(args), args.registry_mirror, policy_of(args))
     return f"locked image base {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
 
 
 def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOptions:
-
     lock = read_base_lock(locks_dir(args), recipe)
     base = fetch_base(recipe, lock, cache_of(args), args.registry_mirror, policy_of(args), args.offline)
     return ImageOptions(recipe, base, revision())
@@ -351,7 +338,6 @@ def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOption
 def _build(
     recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None, image: ImageOptions | None = None
 ) -> int:
-
     starting, finished = stage_printer(args)
     with fetcher_of(args, None, args.mirror) as fetcher:
         run = build_bundle(
@@ -386,7 +372,6 @@ def _publish_image(
 ) -> None:
     """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
     for it, pinned by digest."""
-
     record = read_image_record(image_dir)
     tag, digest = str(record["tag"]), str(record["digest"])
     print(f"image  {tag} {digest}  (OCI layout: {image_dir / LAYOUT})")
@@ -409,7 +394,6 @@ def _publish_image(
 
 
 def cmd_verify_repro(args: argparse.Namespace) -> int:
-
     if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
         raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
     with_image = "--image" in args.bundle_args
@@ -433,7 +417,6 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_merge_manifests(args: argparse.Namespace) -> int:
-
     merged = merge_backend_versions([read_backend_versions(path) for path in args.files])
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})

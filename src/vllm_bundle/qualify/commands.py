@@ -23,7 +23,6 @@ from vllm_bundle.util.fsutil import atomic_write
 
 
 def print_report(report: Report, path: Path) -> None:
-
     print(f"tier {report.tier} qualification: {'PASSED' if report.passed else 'FAILED'} ({path})")
     for check in report.checks:
         print(f"  {'ok  ' if check.passed else 'FAIL'} {check.name:<18} {check.summary}")
@@ -34,7 +33,6 @@ def print_report(report: Report, path: Path) -> None:
 
 
 def cmd_qualify(args: argparse.Namespace) -> int:
-
     recipes = load_recipes(args.recipes)
     with bundle_root(args.bundle) as root:
         name = args.target or detect_target(root)
@@ -55,7 +53,6 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 
 
 def cmd_qualify_gpu(args: argparse.Namespace) -> int:
-
     recipes = load_recipes(args.recipes)
     options = ServeOptions(
         model=args.model, max_model_len=args.max_model_len, boot_timeout=args.boot_timeout, port=args.port
