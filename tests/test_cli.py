@@ -126,3 +126,11 @@ def test_workflow_commands_escape_their_data_and_groups_do_not_nest() -> None:
         "::endgroup::",
         "::error::100%25 broken%0Asecond line%0D",
     ]
+
+
+@pytest.mark.parametrize(("value", "on"), [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_on_off_variables_read_0_as_off(monkeypatch: pytest.MonkeyPatch, value: str, on: bool) -> None:
+    from vllm_bundle.cli import build_parser
+
+    monkeypatch.setenv("VLLM_BUNDLE_VERIFY_CACHE", value)
+    assert build_parser().parse_args(["fetch", "gfx1151"]).verify_cache is on

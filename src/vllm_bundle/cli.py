@@ -206,7 +206,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--verify-cache",
         action="store_true",
-        default=bool(os.environ.get(VERIFY_CACHE_ENV)),
+        default=_switched_on(VERIFY_CACHE_ENV),
         help=f"re-hash cached files before use, for a cache restored from elsewhere (${VERIFY_CACHE_ENV}=1)",
     )
     _download_options(parser)
@@ -494,6 +494,11 @@ def _one_line(text: str) -> str:
     return line if len(line) <= MAX_ERROR_LENGTH else line[: MAX_ERROR_LENGTH - 1] + "…"
 
 
+def _switched_on(variable: str) -> bool:
+    """An on/off environment variable: on unless unset, empty or ``0``."""
+    return os.environ.get(variable, "") not in ("", "0")
+
+
 def _verb(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     """The function that runs the verb, imported only now: ``install`` and ``doctor`` run with the runtime
     dependencies alone, and importing the build verbs would need the build extra."""
@@ -509,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.bundle_args = unknown
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = args.debug or _switched_on(DEBUG_ENV)
     ci = GitHubActions.detect()
     try:
         _check_work_dirs(args)
