@@ -481,7 +481,7 @@ def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_
 
 def test_clang_19_compiles_every_target_isa_but_gfx950(tmp_path: Path) -> None:
     """The fake SDK's compiler is Debian's clang-19: real code objects for every target ISA the tests build
-    for; it does not know gfx950 (README: how gfx950 is covered)."""
+    for; it does not know gfx950 (docs/building-rocm.md: how gfx950 is covered)."""
     (tmp_path / "hip").mkdir()
     (tmp_path / "hip" / "hip_runtime.h").write_bytes(HIP_RUNTIME_H)
     source = tmp_path / "k.hip"
