@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import struct
@@ -14,7 +16,7 @@ import zstandard
 
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
-from vllm_bundle.tree.records import refresh_records
+from vllm_bundle.tree.records import read_record, refresh_records, verify_records
 from vllm_bundle.util.elf import set_runpath
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
@@ -29,6 +31,39 @@ def bundle(built: Path, tmp_path: Path) -> Path:
 
 def qualify(path: Path, tmp_path: Path, locked: Path, *extra: str):  # type: ignore[no-untyped-def]
     return run_cli("qualify", path, "--recipes", locked, "--report", tmp_path / "report.json", *extra, timeout=300)
+
+
+def _site_with_record(site: Path, rows: list[str]) -> None:
+    info = site / "demo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "demo.py").write_bytes(b"print('demo')\n")
+    (info / "RECORD").write_text("\n".join([*rows, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+
+
+def _digest(algorithm: str, data: bytes) -> str:
+    return f"{algorithm}=" + base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512"])
+def test_records_any_hash_algorithm(tmp_path: Path, algorithm: str) -> None:
+    """A RECORD row may use any hashlib algorithm (PEP 376): a true sha384/sha512 row verifies, a wrong
+    one is named, and refreshing an edited file re-hashes it with the row's own algorithm."""
+    data = b"print('demo')\n"
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    _site_with_record(good, [f"demo.py,{_digest(algorithm, data)},{len(data)}"])
+    _site_with_record(bad, [f"demo.py,{_digest(algorithm, data + b'!')},{len(data)}"])
+    assert verify_records(good) == []
+    assert verify_records(bad) == ["demo-1.0.dist-info: demo.py does not match its RECORD hash"]
+    (good / "demo.py").write_bytes(b"print('edit')\n")
+    assert refresh_records(good, {good / "demo.py"}) == 1
+    entry = read_record(good / "demo-1.0.dist-info/RECORD")[0]
+    assert entry.hash_ is not None and str(entry.hash_) == _digest(algorithm, b"print('edit')\n")
+    assert verify_records(good) == []
+
+
+def test_records_malformed_row_is_named(tmp_path: Path) -> None:
+    _site_with_record(tmp_path, ["demo.py,nosuchhash=abc,14"])
+    assert verify_records(tmp_path) == ["demo-1.0.dist-info/RECORD: invalid hash algorithm 'nosuchhash'"]
 
 
 def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> None:
