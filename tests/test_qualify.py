@@ -9,6 +9,7 @@ import shutil
 import struct
 import subprocess
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ import zstandard
 
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.qualify.tier0 import manylinux_libraries
 from vllm_bundle.tree.records import read_record, refresh_records, verify_records
 from vllm_bundle.util.elf import set_runpath
 
@@ -64,6 +67,25 @@ def test_records_any_hash_algorithm(tmp_path: Path, algorithm: str) -> None:
 def test_records_malformed_row_is_named(tmp_path: Path) -> None:
     _site_with_record(tmp_path, ["demo.py,nosuchhash=abc,14"])
     assert verify_records(tmp_path) == ["demo-1.0.dist-info/RECORD: invalid hash algorithm 'nosuchhash'"]
+
+
+@pytest.mark.parametrize("platform", ["x86_64-manylinux_2_35", "x86_64-manylinux_2_28", "x86_64-manylinux2014"])
+def test_manylinux_libraries_are_auditwheels_policy(platform: str) -> None:
+    """The system libraries a bundle may take are auditwheel's manylinux whitelist for the platform: the
+    same set as the policy JSON's ``lib_whitelist`` (name or alias), with glibc and libstdc++, not HIP."""
+    tag = platform.partition("-")[2]
+    data = json.loads(resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text())
+    listed = next(p["lib_whitelist"] for p in data if tag == p["name"] or tag in p["aliases"])
+    allowed = manylinux_libraries(platform)
+    assert allowed == frozenset(listed)
+    assert {"libc.so.6", "libstdc++.so.6", "libm.so.6"} <= allowed
+    assert not {"libamdhip64.so", "libamdhip64.so.7", "libcudart.so.13"} & allowed
+
+
+@pytest.mark.parametrize("platform", ["x86_64-manylinux_9_99", "nosucharch-manylinux_2_35"])
+def test_manylinux_libraries_unknown_policy(platform: str) -> None:
+    with pytest.raises(RecipeError, match="auditwheel knows no policy"):
+        manylinux_libraries(platform)
 
 
 def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> None:
