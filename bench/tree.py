@@ -20,7 +20,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from vllm_bundle.tree.records import record_hash
+from vllm_bundle.tree.records import file_hash
 
 GiB = 2**30
 LARGEST = 2 * GiB
@@ -92,7 +92,7 @@ def _write_distribution(site: Path) -> None:
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PADDING}\nVersion: 1.0\n")
     rows = [
-        f"{path.relative_to(site).as_posix()},{record_hash(path)},{path.stat().st_size}"
+        f"{path.relative_to(site).as_posix()},{file_hash(path)},{path.stat().st_size}"
         for path in sorted((site / PADDING).rglob("*"))
         if path.is_file()
     ]

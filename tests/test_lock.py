@@ -23,7 +23,8 @@ from tests.upstream.fixture import (
     Fixture,
 )
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.inputs.lockfile import read_lock, wheel_artifacts
+from vllm_bundle.errors import LockError
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, BUILD_MARKER, read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
 
 
@@ -103,6 +104,58 @@ def test_fetch_artifacts_come_from_the_lock(locked: Path) -> None:
     lock, pylock = read_lock(locked / "locks", "stable", "gfx1151")
     wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
     assert all(a.size and len(a.sha256) == 64 for a in [*lock.artifacts, *wheels])
+    # The lock keeps one wheel a package: the bundle's are those of the packages without the build marker
+    # (uv's own markers, such as llguidance's platform_machine == 'x86_64', hold for the bundle).
+    every = {p["name"]: p["wheels"][0]["url"] for p in pylock["packages"]}
+    bundled = {p["name"]: p["wheels"][0]["url"] for p in pylock["packages"] if p.get("marker") != BUILD_MARKER}
+    assert len(bundled) < len(every)
+    assert {a.name: a.url for a in wheels} == bundled
+    with_build = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform, frozenset({BUILD_GROUP}))
+    assert {a.name: a.url for a in with_build} == every
+
+
+def _pylock(*packages: dict[str, Any]) -> dict[str, Any]:
+    return {"lock-version": "1.0", "created-by": "uv", "requires-python": ">=3.12", "packages": list(packages)}
+
+
+def _wheel(name: str) -> dict[str, Any]:
+    return {"url": f"https://files.example/{name}", "size": 1, "hashes": {"sha256": "ab" * 32}}
+
+
+def test_wheel_selection_follows_pep_751() -> None:
+    """The best wheel by tag for the bundle's CPython and manylinux platform, a build-group package only
+    when the group is asked for; a lock that breaks PEP 751 or has no wheel for the platform is refused."""
+    regex = {
+        "name": "regex",
+        "version": "1.0",
+        "wheels": [
+            _wheel("regex-1.0-cp312-cp312-manylinux_2_39_x86_64.whl"),  # newer than the platform allows
+            _wheel("regex-1.0-py3-none-any.whl"),
+            _wheel("regex-1.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"),
+            _wheel("regex-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"),
+        ],
+    }
+    cmake = {
+        "name": "cmake",
+        "version": "4.0",
+        "marker": BUILD_MARKER,
+        "wheels": [_wheel("cmake-4.0-py3-none-any.whl")],
+    }
+    lock = _pylock(regex, cmake)
+    assert [a.filename for a in wheel_artifacts(lock, "3.12", "x86_64-manylinux_2_35")] == [
+        "regex-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    ]
+    assert [a.filename for a in wheel_artifacts(lock, "3.12", "x86_64-manylinux_2_17", frozenset({BUILD_GROUP}))] == [
+        "regex-1.0-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+        "cmake-4.0-py3-none-any.whl",
+    ]
+    only_new = {**regex, "wheels": regex["wheels"][:1]}
+    with pytest.raises(LockError, match="No wheel found matching the provided tags for package 'regex'"):
+        wheel_artifacts(_pylock(only_new), "3.12", "x86_64-manylinux_2_35")
+    with pytest.raises(LockError, match="Missing required value in 'created-by'"):
+        wheel_artifacts({k: v for k, v in lock.items() if k != "created-by"}, "3.12", "x86_64-manylinux_2_35")
+    with pytest.raises(LockError, match="does not satisfy the Python version requirement"):
+        wheel_artifacts(lock, "3.11", "x86_64-manylinux_2_35")
 
 
 @pytest.fixture

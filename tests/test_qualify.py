@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import struct
 import subprocess
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,9 @@ import zstandard
 
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
-from vllm_bundle.tree.records import refresh_records
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.qualify.tier0 import manylinux_libraries
+from vllm_bundle.tree.records import read_record, refresh_records, verify_records
 from vllm_bundle.util.elf import set_runpath
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
@@ -29,6 +34,58 @@ def bundle(built: Path, tmp_path: Path) -> Path:
 
 def qualify(path: Path, tmp_path: Path, locked: Path, *extra: str):  # type: ignore[no-untyped-def]
     return run_cli("qualify", path, "--recipes", locked, "--report", tmp_path / "report.json", *extra, timeout=300)
+
+
+def _site_with_record(site: Path, rows: list[str]) -> None:
+    info = site / "demo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "demo.py").write_bytes(b"print('demo')\n")
+    (info / "RECORD").write_text("\n".join([*rows, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+
+
+def _digest(algorithm: str, data: bytes) -> str:
+    return f"{algorithm}=" + base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512"])
+def test_records_any_hash_algorithm(tmp_path: Path, algorithm: str) -> None:
+    """A RECORD row may use any hashlib algorithm (PEP 376): a true sha384/sha512 row verifies, a wrong
+    one is named, and refreshing an edited file re-hashes it with the row's own algorithm."""
+    data = b"print('demo')\n"
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    _site_with_record(good, [f"demo.py,{_digest(algorithm, data)},{len(data)}"])
+    _site_with_record(bad, [f"demo.py,{_digest(algorithm, data + b'!')},{len(data)}"])
+    assert verify_records(good) == []
+    assert verify_records(bad) == ["demo-1.0.dist-info: demo.py does not match its RECORD hash"]
+    (good / "demo.py").write_bytes(b"print('edit')\n")
+    assert refresh_records(good, {good / "demo.py"}) == 1
+    entry = read_record(good / "demo-1.0.dist-info/RECORD")[0]
+    assert entry.hash_ is not None and str(entry.hash_) == _digest(algorithm, b"print('edit')\n")
+    assert verify_records(good) == []
+
+
+def test_records_malformed_row_is_named(tmp_path: Path) -> None:
+    _site_with_record(tmp_path, ["demo.py,nosuchhash=abc,14"])
+    assert verify_records(tmp_path) == ["demo-1.0.dist-info/RECORD: invalid hash algorithm 'nosuchhash'"]
+
+
+@pytest.mark.parametrize("platform", ["x86_64-manylinux_2_35", "x86_64-manylinux_2_28", "x86_64-manylinux2014"])
+def test_manylinux_libraries_are_auditwheels_policy(platform: str) -> None:
+    """The system libraries a bundle may take are auditwheel's manylinux whitelist for the platform: the
+    same set as the policy JSON's ``lib_whitelist`` (name or alias), with glibc and libstdc++, not HIP."""
+    tag = platform.partition("-")[2]
+    data = json.loads(resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text())
+    listed = next(p["lib_whitelist"] for p in data if tag == p["name"] or tag in p["aliases"])
+    allowed = manylinux_libraries(platform)
+    assert allowed == frozenset(listed)
+    assert {"libc.so.6", "libstdc++.so.6", "libm.so.6"} <= allowed
+    assert not {"libamdhip64.so", "libamdhip64.so.7", "libcudart.so.13"} & allowed
+
+
+@pytest.mark.parametrize("platform", ["x86_64-manylinux_9_99", "nosucharch-manylinux_2_35"])
+def test_manylinux_libraries_unknown_policy(platform: str) -> None:
+    with pytest.raises(RecipeError, match="auditwheel knows no policy"):
+        manylinux_libraries(platform)
 
 
 def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> None:

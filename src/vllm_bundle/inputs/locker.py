@@ -11,11 +11,11 @@
   (vLLM's build requirements, the SDK's devel wheel) is resolved a second time, constrained to those
   pins, and added as the pylock's ``build`` dependency group. The packages TheRock owns are
   pinned to its index (uv's per-package index assignment), everything else comes from PyPI even where
-  TheRock's index mirrors it (see :mod:`vllm_bundle.inputs.therock`); ``rocm``, an sdist only, is overridden
-  out of the resolution and pinned on its own. Each package is trimmed to the one wheel the bundle
-  installs; a hash the index did not publish is computed from the downloaded bytes, a size the index
-  did not publish is read from the server (HEAD), and every hash is checked again when the wheel is
-  fetched.
+  TheRock's index mirrors it (see :mod:`vllm_bundle.inputs.therock`); ``rocm``, an sdist only, is
+  excluded from the resolution (``uv pip compile --excludes``) and pinned on its own. Each package is
+  trimmed to the one wheel the bundle installs; a hash the index did not publish is computed from the
+  downloaded bytes, a size the index did not publish is read from the server (HEAD), and every hash is
+  checked again when the wheel is fetched.
 """
 
 from __future__ import annotations
@@ -163,9 +163,9 @@ explicit = true
 [tool.uv.sources]
 {sources}
 """
-#: `rocm` is an sdist only (torch requires rocm[libraries]): a marker that never holds removes it from
-#: the resolution; its SDK wheels are locked by name and the sdist pinned on its own.
-OVERRIDES = 'rocm ; python_version < "0"\n'
+#: `rocm` is an sdist only (torch requires rocm[libraries]): uv's --excludes leaves it out of the
+#: resolution; its SDK wheels are locked by name and the sdist pinned on its own.
+EXCLUDES = "rocm\n"
 PLATFORM_FAILURE = re.compile(
     r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\{[^}]*\})?(?:==\S+)? has no wheels with a matching platform tag"
 )
@@ -189,7 +189,7 @@ def write_lock_project(work: Path, owned: list[Owned], therock: str, minor: str,
     )
     vllm = work / "vllm.in"
     vllm.write_text("\n".join(vllm_lines) + "\n")
-    (work / "overrides.txt").write_text(OVERRIDES)
+    (work / "excludes.txt").write_text(EXCLUDES)
     return [project / "pyproject.toml", vllm]
 
 
@@ -213,8 +213,8 @@ def run_uv_compile(
         "pip",
         "compile",
         *map(str, inputs),
-        "--overrides",
-        str(inputs[0].parent.parent / "overrides.txt"),
+        "--excludes",
+        str(inputs[0].parent.parent / "excludes.txt"),
         "--output-file",
         str(output),
         "--format",

@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import tomli_w
-from packaging.markers import InvalidMarker, Marker
+from packaging.markers import Environment, default_environment
+from packaging.pylock import PackageWheel, Pylock, PylockSelectError, PylockValidationError
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -147,6 +148,10 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
     with pylock_path.open("rb") as handle:
         pylock = tomllib.load(handle)
     check_pylock(pylock, pylock_path)
+    try:
+        Pylock.from_dict(pylock)
+    except PylockValidationError as err:
+        raise LockError(f"{pylock_path}: {err}", "re-lock instead of editing lock files by hand") from None
     return lock, pylock
 
 
@@ -287,39 +292,53 @@ def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> dict[s
     return best[1] if best else None
 
 
-def in_groups(package: Mapping[str, Any], groups: frozenset[str]) -> bool:
-    """Whether a locked package is installed when ``groups`` are asked for (its PEP 751 marker)."""
-    marker = package.get("marker")
-    if not marker:
-        return True
-    try:
-        return Marker(str(marker)).evaluate({"dependency_groups": groups, "extras": frozenset()}, "lock_file")
-    except InvalidMarker:
-        raise LockError(f"locked package {package.get('name')} has a bad marker {marker!r}", "re-lock") from None
+def bundle_environment(python_minor: str, platform: str) -> Environment:
+    """The PEP 508 environment of the bundle's interpreter on its platform, for a lock's markers and
+    requires-python (the patch release is not known here: ``<minor>.0``, the lowest of the minor)."""
+    environment: Environment = {
+        **default_environment(),
+        "implementation_name": "cpython",
+        "implementation_version": f"{python_minor}.0",
+        "os_name": "posix",
+        "platform_machine": platform.partition("-")[0],
+        "platform_python_implementation": "CPython",
+        "platform_system": "Linux",
+        "python_full_version": f"{python_minor}.0",
+        "python_version": python_minor,
+        "sys_platform": "linux",
+    }
+    return environment
 
 
 def wheel_artifacts(
     pylock: Mapping[str, Any], python_minor: str, platform: str, groups: frozenset[str] = frozenset()
 ) -> list[Artifact]:
     """The one best wheel of each locked package for the bundle's interpreter and platform: by default
-    what the bundle installs; with ``groups`` (e.g. {"build"}) also those groups' packages."""
-    ranking = {tag: i for i, tag in enumerate(supported_tags(python_minor, platform))}
+    what the bundle installs; with ``groups`` (e.g. {"build"}) also those groups' packages. The lock is
+    validated and selected from by ``packaging.pylock`` (PEP 751: markers, requires-python, tags)."""
+    where = f"CPython {python_minor} on {platform}"
+    try:
+        lock = Pylock.from_dict(pylock)
+        chosen = list(
+            lock.select(
+                environment=bundle_environment(python_minor, platform),
+                tags=supported_tags(python_minor, platform),
+                dependency_groups=groups,
+            )
+        )
+    except (PylockValidationError, PylockSelectError) as err:
+        raise LockError(f"the wheel lock cannot be installed for {where}: {err}", "re-lock") from None
     artifacts = []
-    for package in pylock.get("packages", []):
-        if not in_groups(package, groups):
-            continue
-        wheel = best_wheel(package, ranking)
-        if wheel is None:
+    for package, wheel in chosen:
+        if not isinstance(wheel, PackageWheel) or wheel.url is None:
             raise LockError(
-                f"locked package {package.get('name')} {package.get('version')} has no wheel for "
-                f"CPython {python_minor} on {platform}",
+                f"locked package {package.name} {package.version} has no wheel for {where}",
                 "re-lock; if it persists the package only ships an sdist for this platform",
             )
-        sha = wheel.get("hashes", {}).get("sha256")
+        sha = wheel.hashes.get("sha256")
         if not sha:
-            raise LockError(f"locked wheel {wheel['url']} has no sha256", "re-lock")
-        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
-        artifacts.append(Artifact(package["name"], filename, wheel["url"], sha, wheel.get("size")))
+            raise LockError(f"locked wheel {wheel.url} has no sha256", "re-lock")
+        artifacts.append(Artifact(package.name, wheel.filename, wheel.url, sha, wheel.size))
     return artifacts
 
 

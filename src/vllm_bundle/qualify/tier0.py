@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
-from importlib import resources
 from pathlib import Path
 
+from auditwheel.architecture import Architecture
+from auditwheel.libc import Libc
+from auditwheel.policy import WheelPolicies
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -34,7 +36,7 @@ from vllm_bundle.errors import QualificationError, RecipeError
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
-from vllm_bundle.tree.records import read_record, records, resolve, verify_records
+from vllm_bundle.tree.records import MalformedRecord, read_record, records, resolve, verify_records
 from vllm_bundle.tree.relocate import files_mentioning, regular_files
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.toolchain import WRAPPER, named_target, named_zig, toolchain_problems
@@ -89,12 +91,13 @@ class Report:
 def manylinux_libraries(platform: str) -> frozenset[str]:
     """The libraries the manylinux policy of ``platform`` (``x86_64-manylinux_2_35``) lets a wheel take
     from the system: auditwheel's own policy data, the reference for what manylinux allows."""
-    tag = platform.partition("-")[2]
-    policies = json.loads(resources.files("auditwheel.policy").joinpath("manylinux-policy.json").read_text())
-    for policy in policies:
-        if tag == policy["name"] or tag in policy.get("aliases", []):
-            return frozenset(policy["lib_whitelist"])
-    raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}")
+    arch, _, tag = platform.partition("-")
+    try:
+        policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
+        whitelist: frozenset[str] = policies.get_policy_by_name(f"{tag}_{arch}").whitelist
+        return whitelist
+    except (ValueError, LookupError):
+        raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}") from None
 
 
 def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule, ...] = ()) -> QualifyRules:
@@ -125,7 +128,11 @@ def owners(site: Path) -> dict[Path, str]:
     owned: dict[Path, str] = {}
     for record in records(site):
         dist = canonicalize_name(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
-        for entry in read_record(record):
+        try:
+            entries = read_record(record)
+        except MalformedRecord:
+            continue  # check_records names it
+        for entry in entries:
             owned[resolve(site, entry)] = dist
     return owned
 

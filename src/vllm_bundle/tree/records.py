@@ -1,5 +1,7 @@
 """Installed distributions' RECORD files (PEP 376/627): kept true after relocation and pruning, and
-verified by qualification (a missing hidden ``.kpack`` or an edited library shows up here)."""
+verified by qualification (a missing hidden ``.kpack`` or an edited library shows up here). Rows are
+parsed and checked by pypa/installer's ``installer.records``: any hashlib algorithm a row names
+(``sha256=``, ``sha384=``, ``sha512=``...) is checked with that algorithm."""
 
 from __future__ import annotations
 
@@ -9,30 +11,28 @@ import hashlib
 import io
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+
+from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_record_file
 
 from vllm_bundle.tree.relocate import unshare
 
 
-@dataclass(frozen=True)
-class RecordEntry:
-    path: str  # as written, relative to site-packages
-    digest: str  # "sha256=<urlsafe b64>" or ""
-    size: str
+class MalformedRecord(Exception):
+    """A RECORD row installer cannot read (not three fields, an unknown hash algorithm, a bad size)."""
 
 
-def record_hash(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_hash(path: Path, algorithm: str = "sha256") -> Hash:
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+        digest = hashlib.file_digest(handle, algorithm).digest()
+    return Hash(algorithm, base64.urlsafe_b64encode(digest).rstrip(b"=").decode())
 
 
 def read_record(record: Path) -> list[RecordEntry]:
-    rows = csv.reader(io.StringIO(record.read_text()))
-    return [RecordEntry(row[0], row[1] if len(row) > 1 else "", row[2] if len(row) > 2 else "") for row in rows if row]
+    try:
+        return [RecordEntry.from_elements(*row) for row in parse_record_file(record.read_text().splitlines())]
+    except InvalidRecordEntry as e:
+        raise MalformedRecord(f"{record.parent.name}/RECORD: {e}") from e
 
 
 def records(site: Path) -> Iterator[Path]:
@@ -52,14 +52,14 @@ def refresh_records(site: Path, changed: set[Path]) -> int:
         kept = []
         for entry in entries:
             path = resolve(site, entry)
-            if entry.digest and not path.exists():
+            if entry.hash_ and not path.exists():
                 continue
-            if entry.digest and path.resolve() in changed_resolved:
-                entry = RecordEntry(entry.path, record_hash(path), str(path.stat().st_size))
+            if entry.hash_ and path.resolve() in changed_resolved:
+                entry = RecordEntry(entry.path, file_hash(path, entry.hash_.name), path.stat().st_size)
             kept.append(entry)
         if kept != entries:
             out = io.StringIO()
-            csv.writer(out, lineterminator="\n").writerows((e.path, e.digest, e.size) for e in kept)
+            csv.writer(out, lineterminator="\n").writerows(e.to_row() for e in kept)
             unshare(record)
             record.write_text(out.getvalue())
             rewritten += 1
@@ -71,14 +71,19 @@ def verify_records(site: Path) -> list[str]:
     problems = []
     for record in records(site):
         dist = record.parent.name
-        for entry in read_record(record):
-            if not entry.digest:
+        try:
+            entries = read_record(record)
+        except MalformedRecord as e:
+            problems.append(str(e))
+            continue
+        for entry in entries:
+            if not entry.hash_:
                 continue
             path = resolve(site, entry)
             if not path.is_file():
                 problems.append(f"{dist} lists {entry.path}, which is missing")
-            elif entry.size and str(path.stat().st_size) != entry.size:
+            elif entry.size is not None and path.stat().st_size != entry.size:
                 problems.append(f"{dist}: {entry.path} has size {path.stat().st_size}, RECORD says {entry.size}")
-            elif record_hash(path) != entry.digest:
+            elif file_hash(path, entry.hash_.name) != entry.hash_:
                 problems.append(f"{dist}: {entry.path} does not match its RECORD hash")
     return problems

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uv
+
 from vllm_bundle.errors import BuildError, UnsafeArchiveError
 from vllm_bundle.inputs.sdist_requirements import filter_torch_family
 from vllm_bundle.inputs.triton_kernels import extract_package
@@ -347,8 +349,10 @@ def build_wheel(source: Path, python: Path, env: Mapping[str, str], scratch: Pat
     shown = {k: v for k, v in sorted(env.items()) if k != "PATH"}
     log.write_text(f"# vLLM wheel build\n# PATH={env.get('PATH')}\n# environment: {shown}\n")
     remove_torch_pins(work, python, env, log)
-    command = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index"]
-    command += ["--no-cache-dir", "--wheel-dir", str(wheel_dir), "."]
+    # uv (this tool's own, the build extra) drives setuptools in ``python``: no pip needed there, no
+    # index, no cache, no uv.toml or [tool.uv] of the builder's or vLLM's.
+    command = [uv.find_uv_bin(), "build", "--no-build-isolation", "--no-config", "--offline", "--no-cache"]
+    command += ["--wheel", "--python", str(python), "--out-dir", str(wheel_dir), "."]
     returncode = _run(command, work, env, log)
     wheels = sorted(wheel_dir.glob("vllm-*.whl"))
     if returncode != 0 or len(wheels) != 1:
