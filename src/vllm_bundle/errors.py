@@ -203,6 +203,10 @@ class ManifestError(InputError):
     """A manifest is malformed or manifests disagree."""
 
 
+class MalformedRecordError(InputError):
+    """A RECORD row installer cannot read (not three fields, an unknown hash algorithm, a bad size)."""
+
+
 class UnsafeArchiveError(InputError):
     """An archive entry would write outside its destination, or is a special file."""
 

@@ -32,11 +32,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_bundle.errors import QualificationError, RecipeError
+from vllm_bundle.errors import MalformedRecordError, QualificationError, RecipeError
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
-from vllm_bundle.tree.records import MalformedRecord, read_record, records, resolve, verify_records
+from vllm_bundle.tree.records import read_record, records, resolve, verify_records
 from vllm_bundle.tree.relocate import files_mentioning, regular_files
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.toolchain import WRAPPER, named_target, named_zig, toolchain_problems
@@ -130,7 +130,7 @@ def owners(site: Path) -> dict[Path, str]:
         dist = canonicalize_name(record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0])
         try:
             entries = read_record(record)
-        except MalformedRecord:
+        except MalformedRecordError:
             continue  # check_records names it
         for entry in entries:
             owned[resolve(site, entry)] = dist

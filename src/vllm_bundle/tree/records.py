@@ -15,11 +15,8 @@ from pathlib import Path
 
 from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_record_file
 
+from vllm_bundle.errors import MalformedRecordError
 from vllm_bundle.tree.relocate import unshare
-
-
-class MalformedRecord(Exception):
-    """A RECORD row installer cannot read (not three fields, an unknown hash algorithm, a bad size)."""
 
 
 def file_hash(path: Path, algorithm: str = "sha256") -> Hash:
@@ -32,7 +29,7 @@ def read_record(record: Path) -> list[RecordEntry]:
     try:
         return [RecordEntry.from_elements(*row) for row in parse_record_file(record.read_text().splitlines())]
     except InvalidRecordEntry as e:
-        raise MalformedRecord(f"{record.parent.name}/RECORD: {e}") from e
+        raise MalformedRecordError(f"{record.parent.name}/RECORD: {e}") from e
 
 
 def records(site: Path) -> Iterator[Path]:
@@ -73,7 +70,7 @@ def verify_records(site: Path) -> list[str]:
         dist = record.parent.name
         try:
             entries = read_record(record)
-        except MalformedRecord as e:
+        except MalformedRecordError as e:
             problems.append(str(e))
             continue
         for entry in entries:
