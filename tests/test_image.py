@@ -436,7 +436,8 @@ def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
 def test_push_trades_credentials_for_a_bearer_token(
     base_published: RegistryServer, image_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vllm_bundle.oci.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, RegistryError, push_layout
+    from vllm_bundle.oci.auth import PASSWORD_ENV, USER_ENV
+    from vllm_bundle.oci.registry import Reference, RegistryClient, RegistryError, push_layout
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -448,11 +449,14 @@ def test_push_trades_credentials_for_a_bearer_token(
     with proxy(Proxy) as host:
         destination = Reference(host, "private/vllm", "v1")
         monkeypatch.delenv(USER_ENV, raising=False)
-        with pytest.raises(RegistryError, match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}\)"):
+        with pytest.raises(
+            RegistryError,
+            match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}, or run `docker login {host}`",
+        ):
             push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
         monkeypatch.setenv(USER_ENV, "user")
         monkeypatch.setenv(PASSWORD_ENV, "wrong")
-        with pytest.raises(RegistryError, match=r"refused a token .* \(check the credentials\)"):
+        with pytest.raises(RegistryError, match=rf"refused a token .* \(check the credentials from \${USER_ENV}\)"):
             push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
         monkeypatch.setenv(PASSWORD_ENV, "secret")
         result = push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
