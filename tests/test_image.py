@@ -391,7 +391,7 @@ def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer
 
     with proxy(Proxy) as host:
         client = RegistryClient(f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None)
-        result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client, lambda line: None)
+        result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client)
     digest = manifest_and_config(image_dir / "oci")[0]
     assert result.digest == digest
     assert Proxy.faults == {"POST upload": 0, "PUT upload": 0, "PUT manifest": 0}, "every fault was met"
@@ -453,13 +453,13 @@ def test_push_trades_credentials_for_a_bearer_token(
             RegistryError,
             match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}, or run `docker login {host}`",
         ):
-            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+            push_layout(layout, destination, RegistryClient(f"http://{host}"))
         monkeypatch.setenv(USER_ENV, "user")
         monkeypatch.setenv(PASSWORD_ENV, "wrong")
         with pytest.raises(RegistryError, match=rf"refused a token .* \(check the credentials from \${USER_ENV}\)"):
-            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+            push_layout(layout, destination, RegistryClient(f"http://{host}"))
         monkeypatch.setenv(PASSWORD_ENV, "secret")
-        result = push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        result = push_layout(layout, destination, RegistryClient(f"http://{host}"))
     assert result.digest == manifest_and_config(layout)[0]
 
 

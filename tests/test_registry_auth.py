@@ -1,6 +1,6 @@
 """Registry logins as registry users keep them: the files ``docker login``, ``podman login`` and
 ``skopeo login`` write, credential helpers, identity tokens, the environment variables CI sets; Docker
-Hub's names. The credential lookup is tested on fake homes, the logins on real
+Hub's names; and the push's progress. The credential lookup is tested on fake homes, the logins on real
 registries on 127.0.0.1 (Debian's docker-registry with htpasswd auth, a login written by skopeo)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -37,6 +38,7 @@ from vllm_bundle.oci.auth import (
 )
 from vllm_bundle.oci.layout import Descriptor
 from vllm_bundle.oci.registry import Reference, RegistryClient, RegistryError, mirrored, push_layout
+from vllm_bundle.util.progress import PlainReporter, human_size
 
 HOST = "registry.example.test:5000"
 USER = "pusher"
@@ -315,7 +317,7 @@ def skopeo_login(registry: RegistryServer, authfile: Path) -> None:
     )
 
 
-def test_a_push_logs_in_with_what_skopeo_login_wrote(
+def test_a_push_logs_in_with_what_skopeo_login_wrote_and_reports_each_blob(
     login_registry: RegistryServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     authfile = tmp_path / "auth.json"
@@ -323,14 +325,20 @@ def test_a_push_logs_in_with_what_skopeo_login_wrote(
     assert json.loads(authfile.read_text())["auths"][login_registry.host]["auth"] == b64(f"{USER}:{SECRET}")
     monkeypatch.setenv("REGISTRY_AUTH_FILE", str(authfile))
     monkeypatch.delenv(USER_ENV, raising=False)
-    layout, (_, _, manifest) = tiny_layout(tmp_path / "layout")
+    layout, (config, layer, manifest) = tiny_layout(tmp_path / "layout")
 
-    said: list[str] = []
+    screen = io.StringIO()
     client = RegistryClient(login_registry.url, chunk_size=64 * 1024)
-    result = push_layout(layout, Reference(login_registry.host, "logged/in", "v1"), client, said.append)
+    result = push_layout(layout, Reference(login_registry.host, "logged/in", "v1"), client, PlainReporter(screen))
     assert (result.digest, result.uploaded, result.skipped) == (manifest.digest, 2, 0)
     assert client.credentials is not None and client.credentials.source == str(authfile)
-    assert SECRET not in "\n".join(said) and b64(f"{USER}:{SECRET}") not in "\n".join(said)
+    lines = screen.getvalue().splitlines()
+    for blob in (config, layer):
+        mine = [line for line in lines if blob.digest[:19] in line]
+        assert len(mine) == 2, f"a begin and a done line per blob, plain: {lines}"
+        assert mine[0] == f"push {blob.digest[:19]} ({human_size(blob.size)})"
+        assert mine[1].startswith(f"done   push {blob.digest[:19]} ({human_size(blob.size)} in ")
+    assert SECRET not in screen.getvalue() and b64(f"{USER}:{SECRET}") not in screen.getvalue()
 
     # skopeo, with the same login, reads back our exact manifest.
     _, skopeo = require_tools()
@@ -350,6 +358,20 @@ def test_a_push_logs_in_with_what_skopeo_login_wrote(
     ).stdout
     assert "sha256:" + hashlib.sha256(raw).hexdigest() == manifest.digest
 
+    # On a terminal: a bar per blob in flight (the layer's advanced chunk by chunk), no download total.
+    from rich.console import Console
+
+    from vllm_bundle.util.progress import RichReporter
+
+    terminal = io.StringIO()
+    reporter = RichReporter(Console(file=terminal, force_terminal=True, width=120), None)
+    with reporter:
+        client = RegistryClient(login_registry.url, chunk_size=64 * 1024)
+        push_layout(layout, Reference(login_registry.host, "logged/again", "v1"), client, reporter)
+        assert [task.visible for task in reporter.progress.tasks] == [False], "only the hidden total is left"
+    shown = re.sub(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x1b]*\x1b\\)", "", terminal.getvalue())  # escapes, links
+    assert f"done push {layer.digest[:19]}" in shown and "total" not in shown, shown
+
 
 def test_no_login_or_a_wrong_one_is_one_line_without_the_secret(
     login_registry: RegistryServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -358,7 +380,7 @@ def test_no_login_or_a_wrong_one_is_one_line_without_the_secret(
     destination = Reference(login_registry.host, "refused/vllm", "v1")
     monkeypatch.delenv(USER_ENV, raising=False)
     with pytest.raises(RegistryError) as caught:
-        push_layout(layout, destination, RegistryClient(login_registry.url), print)
+        push_layout(layout, destination, RegistryClient(login_registry.url))
     assert str(caught.value) == (
         f"{login_registry.url} asks for a login (set ${USER_ENV} and ${PASSWORD_ENV}, or run "
         f"`docker login {login_registry.host}` or `podman login {login_registry.host}`)"
@@ -366,7 +388,7 @@ def test_no_login_or_a_wrong_one_is_one_line_without_the_secret(
     monkeypatch.setenv(USER_ENV, USER)
     monkeypatch.setenv(PASSWORD_ENV, SECRET + "-wrong")
     with pytest.raises(RegistryError) as caught:
-        push_layout(layout, destination, RegistryClient(login_registry.url), print)
+        push_layout(layout, destination, RegistryClient(login_registry.url))
     assert "HTTP 401" in str(caught.value) and SECRET not in str(caught.value)
 
 
@@ -377,7 +399,7 @@ def test_the_cli_reads_docker_config_and_says_in_one_line_what_is_wrong_with_it(
     ~/.docker/config.json, a credential helper that is not installed, then a good login."""
     layout, (_, _, manifest) = tiny_layout(tmp_path / "base")
     owner = RegistryClient(login_registry.url, credentials=Credentials(USER, SECRET))
-    push_layout(layout, Reference(login_registry.host, "ubi10/ubi-minimal", "latest"), owner, print)
+    push_layout(layout, Reference(login_registry.host, "ubi10/ubi-minimal", "latest"), owner)
     recipes = copy_recipes(tmp_path / "recipes")
     home = tmp_path / "home"
     env = {
@@ -492,7 +514,7 @@ def test_an_identity_token_is_traded_for_a_registry_token(tmp_path: Path, monkey
             entry = {"auth": b64("me:"), "identitytoken": REFRESH}  # what docker login keeps for one
             authfile = write_json(tmp_path / "auth.json", {"auths": {host: entry}})
             monkeypatch.setenv("REGISTRY_AUTH_FILE", str(authfile))
-            result = push_layout(layout, Reference(host, "token/vllm", "v1"), RegistryClient(f"http://{host}"), print)
+            result = push_layout(layout, Reference(host, "token/vllm", "v1"), RegistryClient(f"http://{host}"))
             assert result.digest == manifest.digest
             assert forms[0] == {
                 "grant_type": "refresh_token",
@@ -503,7 +525,7 @@ def test_an_identity_token_is_traded_for_a_registry_token(tmp_path: Path, monkey
             }
             write_json(authfile, {"auths": {host: {"identitytoken": "expired-s3cret"}}})
             with pytest.raises(RegistryError) as caught:
-                push_layout(layout, Reference(host, "token/other", "v1"), RegistryClient(f"http://{host}"), print)
+                push_layout(layout, Reference(host, "token/other", "v1"), RegistryClient(f"http://{host}"))
     finally:
         registry.stop()
     message = str(caught.value)

@@ -489,7 +489,8 @@ def _publish_image(
         destination, url = mirrored(Reference.parse(args.push), None)
         destination = Reference(destination.registry, destination.repository, tag)
         client = RegistryClient(url, _policy(args))
-        result = push_layout(image_dir / LAYOUT, destination, client, print)
+        with make_reporter(None, plain=True if args.plain else None) as reporter:
+            result = push_layout(image_dir / LAYOUT, destination, client, reporter)
         sent = f"{result.uploaded} blob{'' if result.uploaded == 1 else 's'} sent, {result.skipped} already there"
         print(f"pushed {result.reference}@{result.digest} ({sent})")
         subject = Descriptor(MANIFEST, digest, int(record["size"]))

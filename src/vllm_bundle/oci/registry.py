@@ -56,7 +56,7 @@ from vllm_bundle.oci.layout import (
 )
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher, Source
-from vllm_bundle.util.progress import PlainReporter, Reporter, human_size
+from vllm_bundle.util.progress import PlainReporter, Reporter
 from vllm_bundle.util.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
 
 MANIFEST_TYPES = (INDEX, MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
@@ -316,12 +316,19 @@ class RegistryClient:
             self.sleep(min(self.policy.max_backoff, float(after)) if after.isdigit() else self.policy.delay(attempt))
         raise AssertionError("unreachable")
 
-    def push_blob(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+    def push_blob(
+        self,
+        repository: str,
+        descriptor: Descriptor,
+        open_body: Callable[[], BinaryIO],
+        progress: UploadProgress | None = None,
+    ) -> None:
         """Upload a blob: in one PUT when it fits in a chunk, else in chunks that resume where the
         registry's upload session stands after a failure (a ROCm layer is gigabytes: a failure costs
-        one chunk, not the layer)."""
+        one chunk, not the layer). ``progress`` hears how many bytes the registry has, chunk by chunk."""
+        progress = progress or UploadProgress()
         if descriptor.size > self.chunk_size:
-            self._push_chunked(repository, descriptor, open_body)
+            self._push_chunked(repository, descriptor, open_body, progress)
             return
         scope = f"repository:{repository}:pull,push"
 
@@ -339,6 +346,7 @@ class RegistryClient:
                 )
 
         self._with_retries(f"cannot upload {descriptor.digest} to {repository}", once)
+        progress.at(descriptor.size)
 
     def _absolute(self, location: str) -> str:
         return urljoin(self.base_url + "/", location)
@@ -371,7 +379,9 @@ class RegistryClient:
             return location, -1
         return self._start_upload(repository, scope), 0
 
-    def _push_chunked(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+    def _push_chunked(
+        self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO], progress: UploadProgress
+    ) -> None:
         """POST, PATCH chunks in order, PUT with the digest (the OCI distribution spec's chunked upload).
         After a failed chunk the session's Range says where to go on; only that chunk is sent again."""
         scope = f"repository:{repository}:pull,push"
@@ -398,6 +408,7 @@ class RegistryClient:
                         offset + len(chunk),
                         0,
                     )
+                    progress.at(offset)
                     continue
                 if response is not None and response.status_code not in RETRY_STATUSES:
                     self._check(response, what)
@@ -407,6 +418,8 @@ class RegistryClient:
                 self.sleep(self.policy.delay(failures))
                 location, known = self._upload_state(repository, location, scope)
                 offset = offset if known < 0 else known
+                reason = "the connection dropped" if response is None else f"HTTP {response.status_code}"
+                progress.retry(offset, f"a chunk failed ({reason})")
         self._with_retries(
             what,
             lambda: self._send(
@@ -449,16 +462,49 @@ class PushResult:
     skipped: int  # blobs the registry had already
 
 
-def push_layout(layout: Path, destination: Reference, client: RegistryClient, say: Callable[[str], None]) -> PushResult:
-    """Push the layout's image as ``destination`` (its tag): blobs the registry lacks, then the manifest."""
+@dataclass
+class UploadProgress:
+    """One blob's upload as a step of a progress reporter (none: silent): ``at`` the bytes the registry
+    has, ``retry`` when a chunk failed and the upload goes on from ``offset``."""
+
+    reporter: Reporter | None = None
+    key: str = ""
+    sent: int = 0
+
+    def at(self, offset: int) -> None:
+        if self.reporter is not None and offset != self.sent:
+            self.reporter.advance(self.key, offset - self.sent)
+        self.sent = offset
+
+    def retry(self, offset: int, reason: str) -> None:
+        if self.reporter is not None:
+            self.reporter.restart(self.key, offset, reason)
+        self.sent = offset
+
+
+def push_layout(
+    layout: Path, destination: Reference, client: RegistryClient, reporter: Reporter | None = None
+) -> PushResult:
+    """Push the layout's image as ``destination`` (its tag): blobs the registry lacks, then the manifest.
+    Each blob sent is a step of ``reporter`` (``push sha256:…``, its bytes as the registry takes them)."""
     *blobs, manifest = layout_blobs(layout)
     uploaded = skipped = 0
     for blob in blobs:
         if client.has_blob(destination.repository, blob.digest):
             skipped += 1
             continue
-        say(f"push   {blob.digest[:19]}  {human_size(blob.size)}")
-        client.push_blob(destination.repository, blob, functools.partial(open_blob, layout, blob.digest))
+        opener = functools.partial(open_blob, layout, blob.digest)
+        if reporter is None:
+            client.push_blob(destination.repository, blob, opener)
+        else:
+            key = f"push {blob.digest[:19]}"
+            reporter.begin(key, key, blob.size, 0, download=False)
+            status = "error"
+            try:
+                client.push_blob(destination.repository, blob, opener, UploadProgress(reporter, key))
+                status = "done"
+            finally:
+                reporter.finish(key, status)
         uploaded += 1
     with open_blob(layout, manifest.digest) as handle:
         data = handle.read()
