@@ -446,6 +446,9 @@ class _TokenProxy(BaseHTTPRequestHandler):
 
     target: ClassVar[str] = ""
     forms: ClassVar[list[dict[str, str]]] = []
+    open_access: ClassVar[bool] = False  # no token asked for
+    drop_patch: ClassVar[int] = 0  # this upload chunk (PATCH, counted from 1) loses its connection
+    patches: ClassVar[list[str]] = []
 
     def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
         self.send_response(status)
@@ -466,7 +469,12 @@ class _TokenProxy(BaseHTTPRequestHandler):
             else:
                 self._answer(401)
             return
-        if self.headers.get("Authorization") != "Bearer access-1":
+        if self.command == "PATCH":
+            self.patches.append(self.path)
+            if len(self.patches) == self.drop_patch:
+                self.close_connection = True
+                return
+        if not self.open_access and self.headers.get("Authorization") != "Bearer access-1":
             realm = f"http://{self.headers['Host']}/token"
             self._answer(401, b"{}", WWW_Authenticate=f'Bearer realm="{realm}",service="fake-hub"')
             return
@@ -488,13 +496,16 @@ class _TokenProxy(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def token_proxy(target: str) -> Iterator[tuple[str, list[dict[str, str]]]]:
+def token_proxy(
+    target: str, *, open_access: bool = False, drop_patch: int = 0
+) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """The proxy on a free loopback port: its host:port and the token requests' forms."""
 
     class Proxy(_TokenProxy):
         pass
 
-    Proxy.target, Proxy.forms = target, []
+    Proxy.target, Proxy.forms, Proxy.patches = target, [], []
+    Proxy.open_access, Proxy.drop_patch = open_access, drop_patch
     server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -531,3 +542,28 @@ def test_an_identity_token_is_traded_for_a_registry_token(tmp_path: Path, monkey
     message = str(caught.value)
     assert message.endswith(f"(HTTP 401) (check the credentials from {authfile})"), message
     assert "expired-s3cret" not in message and REFRESH not in message
+
+
+def test_a_resent_chunk_sets_the_blobs_progress_back(tmp_path: Path) -> None:
+    """The third chunk's connection drops: the upload goes on from where the registry's session stands,
+    and the progress says so (plain: a retry line between the begin and the done line)."""
+    from vllm_bundle.util.transport import RetryPolicy
+
+    registry = RegistryServer(tmp_path / "registry").start()
+    try:
+        layout, (_, layer, _) = tiny_layout(tmp_path / "layout")
+        with token_proxy(registry.url, open_access=True, drop_patch=3) as (host, _):
+            screen = io.StringIO()
+            client = RegistryClient(
+                f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None, chunk_size=64 * 1024
+            )
+            push_layout(layout, Reference(host, "resent/vllm", "v1"), client, PlainReporter(screen))
+    finally:
+        registry.stop()
+    key = f"push {layer.digest[:19]}"
+    lines = [line for line in screen.getvalue().splitlines() if key in line]
+    assert lines[:2] == [
+        f"{key} ({human_size(layer.size)})",
+        f"retry  {key}: a chunk failed (the connection dropped); continuing from 128.0 KiB",
+    ]
+    assert len(lines) == 3 and lines[2].startswith(f"done   {key} ({human_size(layer.size)} in "), lines
