@@ -241,6 +241,8 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     assert "stage  image       cached" in result.stdout, "a push rebuilds nothing"
     assert f"pushed {registry.host}/example/vllm-rocm:{tag}@{digest}" in result.stdout
     assert f"({len(manifest['layers']) + 1} blobs sent, 0 already there)" in result.stdout
+    progress = [line for line in result.stderr.splitlines() if line.startswith(("push sha256:", "done   push sha256:"))]
+    assert len(progress) == 2 * (len(manifest["layers"]) + 1), "plain progress: a begin and a done line per blob"
 
     remote = f"docker://{registry.host}/example/vllm-rocm:{tag}"
     raw = skopeo("inspect", "--raw", "--tls-verify=false", remote).stdout.encode()
@@ -254,6 +256,7 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     again = run_cli(*args, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"(0 blobs sent, {len(manifest['layers']) + 1} already there)" in again.stdout
+    assert "push sha256:" not in again.stderr
 
     # The bundle's SBOM is attached to the image as an OCI 1.1 referrer; this registry (distribution 2.8)
     # has no referrers API, so the spec's fallback tag lists it, once however often the image is pushed.

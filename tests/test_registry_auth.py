@@ -234,7 +234,7 @@ def test_a_helper_that_is_not_installed_is_one_line_saying_how_to_fix_it(env: di
 def test_docker_hub_names_its_api_host_and_its_login_key(env: dict[str, str]) -> None:
     assert str(Reference.parse("docker.io/ubuntu:24.04")) == "docker.io/library/ubuntu:24.04"
     assert str(Reference.parse("index.docker.io/someone/tool")) == "docker.io/someone/tool"
-    with pytest.raises(RegistryError, match="name the registry host"):
+    with pytest.raises(RegistryError, match=r"or docker\.io/OWNER/vllm-rocm for Docker Hub"):
         Reference.parse("library/ubuntu")  # host-less names stay refused: the destination is spelled out
     reference, url = mirrored(Reference.parse("docker.io/someone/tool:v1"), None)
     assert (str(reference), url) == ("docker.io/someone/tool:v1", "https://registry-1.docker.io")

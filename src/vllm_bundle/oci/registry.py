@@ -94,7 +94,8 @@ class Reference:
                 f"{text!r} is not an image reference of the form REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]",
                 "repository names are lower case"
                 if repository != repository.lower()
-                else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
+                else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm, or docker.io/OWNER/vllm-rocm for "
+                "Docker Hub",
             )
         registry, repository = match["registry"], match["repository"]
         if registry == "index.docker.io":  # Docker Hub's legacy name
