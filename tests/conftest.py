@@ -51,6 +51,20 @@ def no_host_cmake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     os.environ["PATH"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_registry_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite never reads the registry logins of whoever runs it (~/.docker/config.json, podman's
+    auth.json, a credential helper): ``$REGISTRY_AUTH_FILE`` names a file that does not exist, and then
+    no other file is read (vllm_bundle.oci.auth). Tests of those files set their own."""
+    previous = os.environ.get("REGISTRY_AUTH_FILE")
+    os.environ["REGISTRY_AUTH_FILE"] = str(tmp_path_factory.mktemp("no-logins") / "auth.json")
+    yield
+    if previous is None:
+        os.environ.pop("REGISTRY_AUTH_FILE", None)
+    else:
+        os.environ["REGISTRY_AUTH_FILE"] = previous
+
+
 @pytest.fixture(scope="session")
 def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
     root = tmp_path_factory.mktemp("upstream")

@@ -241,6 +241,8 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     assert "stage  image       cached" in result.stdout, "a push rebuilds nothing"
     assert f"pushed {registry.host}/example/vllm-rocm:{tag}@{digest}" in result.stdout
     assert f"({len(manifest['layers']) + 1} blobs sent, 0 already there)" in result.stdout
+    progress = [line for line in result.stderr.splitlines() if line.startswith(("push sha256:", "done   push sha256:"))]
+    assert len(progress) == 2 * (len(manifest["layers"]) + 1), "plain progress: a begin and a done line per blob"
 
     remote = f"docker://{registry.host}/example/vllm-rocm:{tag}"
     raw = skopeo("inspect", "--raw", "--tls-verify=false", remote).stdout.encode()
@@ -254,6 +256,7 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     again = run_cli(*args, timeout=600)
     assert again.returncode == 0, again.stderr
     assert f"(0 blobs sent, {len(manifest['layers']) + 1} already there)" in again.stdout
+    assert "push sha256:" not in again.stderr
 
     # The bundle's SBOM is attached to the image as an OCI 1.1 referrer; this registry (distribution 2.8)
     # has no referrers API, so the spec's fallback tag lists it, once however often the image is pushed.
@@ -391,7 +394,7 @@ def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer
 
     with proxy(Proxy) as host:
         client = RegistryClient(f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None)
-        result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client, lambda line: None)
+        result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client)
     digest = manifest_and_config(image_dir / "oci")[0]
     assert result.digest == digest
     assert Proxy.faults == {"POST upload": 0, "PUT upload": 0, "PUT manifest": 0}, "every fault was met"
@@ -437,7 +440,8 @@ def test_push_trades_credentials_for_a_bearer_token(
     base_published: RegistryServer, image_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from vllm_bundle.errors import RegistryError
-    from vllm_bundle.oci.registry import PASSWORD_ENV, USER_ENV, Reference, RegistryClient, push_layout
+    from vllm_bundle.oci.auth import PASSWORD_ENV, USER_ENV
+    from vllm_bundle.oci.registry import Reference, RegistryClient, push_layout
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -449,14 +453,17 @@ def test_push_trades_credentials_for_a_bearer_token(
     with proxy(Proxy) as host:
         destination = Reference(host, "private/vllm", "v1")
         monkeypatch.delenv(USER_ENV, raising=False)
-        with pytest.raises(RegistryError, match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}\)"):
-            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        with pytest.raises(
+            RegistryError,
+            match=rf"refused a token .* \(set \${USER_ENV} and \${PASSWORD_ENV}, or run `docker login {host}`",
+        ):
+            push_layout(layout, destination, RegistryClient(f"http://{host}"))
         monkeypatch.setenv(USER_ENV, "user")
         monkeypatch.setenv(PASSWORD_ENV, "wrong")
-        with pytest.raises(RegistryError, match=r"refused a token .* \(check the credentials\)"):
-            push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        with pytest.raises(RegistryError, match=rf"refused a token .* \(check the credentials from \${USER_ENV}\)"):
+            push_layout(layout, destination, RegistryClient(f"http://{host}"))
         monkeypatch.setenv(PASSWORD_ENV, "secret")
-        result = push_layout(layout, destination, RegistryClient(f"http://{host}"), lambda line: None)
+        result = push_layout(layout, destination, RegistryClient(f"http://{host}"))
     assert result.digest == manifest_and_config(layout)[0]
 
 

@@ -203,6 +203,11 @@ class ManifestError(InputError):
     """A manifest is malformed or manifests disagree."""
 
 
+class CredentialsError(InputError):
+    """A saved registry login (a credentials file or helper) that cannot be used: names the file or
+    helper, never a secret."""
+
+
 class MalformedRecordError(InputError):
     """A RECORD row installer cannot read (not three fields, an unknown hash algorithm, a bad size)."""
 

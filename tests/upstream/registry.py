@@ -9,10 +9,13 @@ machine so that the image's entrypoint runs in a chroot of its unpacked layers.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import tarfile
@@ -42,13 +45,32 @@ def require_tools() -> tuple[str, str]:
     return registry, skopeo
 
 
+def bcrypt_hash(password: str) -> str:
+    """``password``'s bcrypt hash, the only kind the registry's htpasswd accepts, from the C library's
+    crypt (libxcrypt: libcrypt1, which Debian's perl-base and login need, so every Debian has it)."""
+    name = ctypes.util.find_library("crypt")
+    if name is None:
+        raise RuntimeError("the registry login tests hash a password with libcrypt: apt-get install libcrypt1")
+    lib = ctypes.CDLL(name)
+    lib.crypt_gensalt.restype = lib.crypt.restype = ctypes.c_char_p
+    lib.crypt_gensalt.argtypes = [ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p, ctypes.c_int]
+    lib.crypt.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    salt = lib.crypt_gensalt(b"$2b$", 5, None, 0)
+    hashed = lib.crypt(password.encode(), salt) if salt else None
+    if not hashed or not hashed.startswith(b"$2b$"):
+        raise RuntimeError("this libcrypt has no bcrypt ($2b$): the registry login tests need libxcrypt's")
+    return str(hashed.decode())
+
+
 @dataclass
 class RegistryServer:
-    """``docker-registry serve`` with its storage in ``root``, listening on a free loopback port."""
+    """``docker-registry serve`` with its storage in ``root``, listening on a free loopback port. With
+    ``logins`` (user -> password), it asks for them by HTTP Basic auth (the registry's htpasswd auth)."""
 
     root: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    logins: dict[str, str] = field(default_factory=dict)
     log: Path = field(init=False)
 
     def start(self) -> RegistryServer:
@@ -56,19 +78,29 @@ class RegistryServer:
         self.port = free_port()
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "config.yml"
+        auth = ""
+        if self.logins:
+            htpasswd = self.root / "htpasswd"
+            htpasswd.write_text("".join(f"{user}:{bcrypt_hash(pw)}\n" for user, pw in self.logins.items()))
+            auth = f"auth:\n  htpasswd:\n    realm: vllm-bundle-tests\n    path: {htpasswd}\n"
         config.write_text(
             "version: 0.1\n"
             "log:\n  level: warn\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: 127.0.0.1:{self.port}\n"
+            f"http:\n  addr: 127.0.0.1:{self.port}\n" + auth
         )
         self.log = self.root / "registry.log"
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+            # The registry reads REGISTRY_<SECTION>_<KEY> variables as its configuration: podman's
+            # $REGISTRY_AUTH_FILE would be taken for an "auth: file:" section.
+            env = {key: value for key, value in os.environ.items() if not key.startswith("REGISTRY_")}
+            self.process = subprocess.Popen(
+                [binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if requests.get(f"{self.url}/v2/", timeout=1).status_code == 200:
+                if requests.get(f"{self.url}/v2/", timeout=1).status_code == (401 if self.logins else 200):
                     return self
             except requests.ConnectionError:
                 time.sleep(0.1)

@@ -10,29 +10,39 @@ would change on the way), and retries with a fixed sleep that ignores Retry-Afte
 needed here is five requests; the transport (urllib3 retries, the URL policy, the failure wording)
 is the one every download of this tool uses.
 
-Authentication: anonymous, or ``$VLLM_BUNDLE_REGISTRY_USERNAME``/``$VLLM_BUNDLE_REGISTRY_PASSWORD``
-(GitHub Actions: the actor and ``GITHUB_TOKEN``), sent as Basic or traded for a Bearer token as the
-registry's challenge asks.
+Authentication: anonymous until the registry asks; then the credentials :mod:`vllm_bundle.oci.auth`
+finds (``$VLLM_BUNDLE_REGISTRY_USERNAME``/``$VLLM_BUNDLE_REGISTRY_PASSWORD``, else what ``docker login``
+or ``podman login`` wrote), sent as Basic or traded for a Bearer token as the registry's challenge asks;
+an identity token (an OAuth refresh token) is traded with ``grant_type=refresh_token``.
+
+Docker Hub: ``index.docker.io/NAME`` is ``docker.io/NAME``, and ``docker.io/NAME`` is
+``docker.io/library/NAME`` (distribution/reference:normalize.go ``splitDockerDomain``); its API answers
+on ``registry-1.docker.io`` (containers/image:docker/docker_client.go ``newDockerClient``).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import io
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
 from vllm_bundle.errors import HashMismatchError, NetworkError, RegistryError
+from vllm_bundle.oci.auth import (
+    DOCKER_HUB,
+    Credentials,
+    api_host,
+    find_credentials,
+    login_hint,
+)
 from vllm_bundle.oci.layout import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -46,11 +56,9 @@ from vllm_bundle.oci.layout import (
 )
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher, Source
-from vllm_bundle.util.progress import PlainReporter, Reporter, human_size
+from vllm_bundle.util.progress import PlainReporter, Reporter
 from vllm_bundle.util.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
 
-USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
-PASSWORD_ENV = "VLLM_BUNDLE_REGISTRY_PASSWORD"  # noqa: S105 - the variable's name, not a secret
 MANIFEST_TYPES = (INDEX, MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 REFERENCE = re.compile(
     r"^(?P<registry>[a-zA-Z0-9.-]+(?::[0-9]+)?)/(?P<repository>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
@@ -82,9 +90,15 @@ class Reference:
                 f"{text!r} is not an image reference of the form REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST]",
                 "repository names are lower case"
                 if repository != repository.lower()
-                else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm",
+                else "name the registry host, e.g. ghcr.io/OWNER/vllm-rocm, or docker.io/OWNER/vllm-rocm for "
+                "Docker Hub",
             )
-        return cls(match["registry"], match["repository"], match["tag"], match["digest"])
+        registry, repository = match["registry"], match["repository"]
+        if registry == "index.docker.io":  # Docker Hub's legacy name
+            registry = DOCKER_HUB
+        if registry == DOCKER_HUB and "/" not in repository:  # docker.io/ubuntu is docker.io/library/ubuntu
+            repository = f"library/{repository}"
+        return cls(registry, repository, match["tag"], match["digest"])
 
     @property
     def reference(self) -> str:
@@ -102,13 +116,14 @@ class Reference:
 
 def mirrored(reference: Reference, mirror: str | None) -> tuple[Reference, str]:
     """The reference on ``mirror`` (``host:port`` or a URL; the same repository path), and the base URL
-    its API is reached at (http only on loopback, as every other download)."""
+    its API is reached at (http only on loopback, as every other download; Docker Hub's API host for
+    ``docker.io``)."""
     registry = reference.registry
     if mirror:
         registry = re.sub(r"^https?://", "", mirror).rstrip("/")
     host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
     scheme = "http" if is_loopback(host) and not (mirror or "").startswith("https://") else "https"
-    return reference.with_registry(registry), f"{scheme}://{registry}"
+    return reference.with_registry(registry), f"{scheme}://{api_host(registry)}"
 
 
 @dataclass
@@ -117,18 +132,29 @@ class RegistryClient:
 
     base_url: str
     policy: RetryPolicy = field(default_factory=RetryPolicy)
-    credentials: tuple[str, str] | None = None
+    #: None: looked up (:func:`~vllm_bundle.oci.auth.find_credentials`) when the registry first asks.
+    credentials: Credentials | None = None
     sleep: Callable[[float], None] = time.sleep
     chunk_size: int = CHUNK_SIZE
     session: requests.Session = field(init=False)
     _tokens: dict[str, str] = field(default_factory=dict, init=False)
+    _looked_up: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         check_url(self.base_url + "/v2/")
         self.session = make_session(self.policy)
-        if self.credentials is None:
-            user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
-            self.credentials = (user, password) if user and password else None
+        self._looked_up = self.credentials is not None
+
+    @property
+    def registry(self) -> str:
+        """``host[:port]`` of the API, the name credentials are kept under."""
+        return urlsplit(self.base_url).netloc
+
+    def _credentials(self) -> Credentials | None:
+        if not self._looked_up:
+            self.credentials = find_credentials(self.registry)
+            self._looked_up = True
+        return self.credentials
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -167,29 +193,46 @@ class RegistryClient:
         """The Authorization header the registry's challenge asks for."""
         scheme = challenge.split(" ", 1)[0].lower()
         params = dict(CHALLENGE.findall(challenge))
-        if scheme == "basic":
-            if not self.credentials:
-                raise RegistryError(f"{self.base_url} asks for a login", f"set ${USER_ENV} and ${PASSWORD_ENV}")
-            return "Basic " + base64.b64encode(":".join(self.credentials).encode()).decode()
-        if scheme != "bearer" or "realm" not in params:
+        if scheme not in ("basic", "bearer") or (scheme == "bearer" and "realm" not in params):
             raise RegistryError(f"{self.base_url} asks for an authentication this tool does not speak: {challenge}")
-        check_url(params["realm"])
+        credentials = self._credentials()
+        if scheme == "basic":
+            if credentials is None:
+                raise RegistryError(f"{self.base_url} asks for a login", login_hint(self.registry))
+            if not credentials.password:
+                raise RegistryError(
+                    f"{self.base_url} asks for a password, and {credentials.source} has only an identity token",
+                    login_hint(self.registry),
+                )
+            return credentials.basic()
+        realm = params["realm"]
+        check_url(realm)
         query = {"service": params.get("service", ""), "scope": scope}
         try:
-            answer = self.session.get(
-                params["realm"], params=query, auth=self.credentials, timeout=self.policy.connect_timeout
-            )
+            if credentials is not None and credentials.identity_token:
+                # The Docker token spec's OAuth flow: the identity token is a refresh token.
+                form = {**query, "grant_type": "refresh_token", "client_id": "vllm-bundle"}
+                form["refresh_token"] = credentials.identity_token
+                answer = self.session.post(realm, data=form, timeout=self.policy.connect_timeout)
+            else:
+                login = None
+                if credentials is not None:
+                    login = (credentials.username, credentials.password)
+                    query["account"] = credentials.username
+                answer = self.session.get(realm, params=query, auth=login, timeout=self.policy.connect_timeout)
         except requests.RequestException as err:
-            raise NetworkError(f"cannot reach {params['realm']}: {describe(err)}", "check the network") from None
+            raise NetworkError(f"cannot reach {realm}: {describe(err)}", "check the network") from None
         if answer.status_code != 200:
-            hint = f"set ${USER_ENV} and ${PASSWORD_ENV}" if not self.credentials else "check the credentials"
-            raise RegistryError(f"{params['realm']} refused a token for {scope} (HTTP {answer.status_code})", hint)
+            hint = (
+                login_hint(self.registry) if credentials is None else f"check the credentials from {credentials.source}"
+            )
+            raise RegistryError(f"{realm} refused a token for {scope} (HTTP {answer.status_code})", hint)
         try:
             token = answer.json().get("token") or answer.json().get("access_token")
         except (ValueError, AttributeError):
             token = None
         if not isinstance(token, str) or not token:
-            raise RegistryError(f"{params['realm']} answered without a token", "check the registry address")
+            raise RegistryError(f"{realm} answered without a token", "check the registry address")
         return f"Bearer {token}"
 
     def _check(self, response: requests.Response, what: str) -> requests.Response:
@@ -270,12 +313,19 @@ class RegistryClient:
             self.sleep(min(self.policy.max_backoff, float(after)) if after.isdigit() else self.policy.delay(attempt))
         raise AssertionError("unreachable")
 
-    def push_blob(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+    def push_blob(
+        self,
+        repository: str,
+        descriptor: Descriptor,
+        open_body: Callable[[], BinaryIO],
+        progress: UploadProgress | None = None,
+    ) -> None:
         """Upload a blob: in one PUT when it fits in a chunk, else in chunks that resume where the
         registry's upload session stands after a failure (a ROCm layer is gigabytes: a failure costs
-        one chunk, not the layer)."""
+        one chunk, not the layer). ``progress`` hears how many bytes the registry has, chunk by chunk."""
+        progress = progress or UploadProgress()
         if descriptor.size > self.chunk_size:
-            self._push_chunked(repository, descriptor, open_body)
+            self._push_chunked(repository, descriptor, open_body, progress)
             return
         scope = f"repository:{repository}:pull,push"
 
@@ -293,6 +343,7 @@ class RegistryClient:
                 )
 
         self._with_retries(f"cannot upload {descriptor.digest} to {repository}", once)
+        progress.at(descriptor.size)
 
     def _absolute(self, location: str) -> str:
         return urljoin(self.base_url + "/", location)
@@ -325,7 +376,9 @@ class RegistryClient:
             return location, -1
         return self._start_upload(repository, scope), 0
 
-    def _push_chunked(self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO]) -> None:
+    def _push_chunked(
+        self, repository: str, descriptor: Descriptor, open_body: Callable[[], BinaryIO], progress: UploadProgress
+    ) -> None:
         """POST, PATCH chunks in order, PUT with the digest (the OCI distribution spec's chunked upload).
         After a failed chunk the session's Range says where to go on; only that chunk is sent again."""
         scope = f"repository:{repository}:pull,push"
@@ -352,6 +405,7 @@ class RegistryClient:
                         offset + len(chunk),
                         0,
                     )
+                    progress.at(offset)
                     continue
                 if response is not None and response.status_code not in RETRY_STATUSES:
                     self._check(response, what)
@@ -361,6 +415,8 @@ class RegistryClient:
                 self.sleep(self.policy.delay(failures))
                 location, known = self._upload_state(repository, location, scope)
                 offset = offset if known < 0 else known
+                reason = "the connection dropped" if response is None else f"HTTP {response.status_code}"
+                progress.retry(offset, f"a chunk failed ({reason})")
         self._with_retries(
             what,
             lambda: self._send(
@@ -403,16 +459,49 @@ class PushResult:
     skipped: int  # blobs the registry had already
 
 
-def push_layout(layout: Path, destination: Reference, client: RegistryClient, say: Callable[[str], None]) -> PushResult:
-    """Push the layout's image as ``destination`` (its tag): blobs the registry lacks, then the manifest."""
+@dataclass
+class UploadProgress:
+    """One blob's upload as a step of a progress reporter (none: silent): ``at`` the bytes the registry
+    has, ``retry`` when a chunk failed and the upload goes on from ``offset``."""
+
+    reporter: Reporter | None = None
+    key: str = ""
+    sent: int = 0
+
+    def at(self, offset: int) -> None:
+        if self.reporter is not None and offset != self.sent:
+            self.reporter.advance(self.key, offset - self.sent)
+        self.sent = offset
+
+    def retry(self, offset: int, reason: str) -> None:
+        if self.reporter is not None:
+            self.reporter.restart(self.key, offset, reason)
+        self.sent = offset
+
+
+def push_layout(
+    layout: Path, destination: Reference, client: RegistryClient, reporter: Reporter | None = None
+) -> PushResult:
+    """Push the layout's image as ``destination`` (its tag): blobs the registry lacks, then the manifest.
+    Each blob sent is a step of ``reporter`` (``push sha256:…``, its bytes as the registry takes them)."""
     *blobs, manifest = layout_blobs(layout)
     uploaded = skipped = 0
     for blob in blobs:
         if client.has_blob(destination.repository, blob.digest):
             skipped += 1
             continue
-        say(f"push   {blob.digest[:19]}  {human_size(blob.size)}")
-        client.push_blob(destination.repository, blob, functools.partial(open_blob, layout, blob.digest))
+        opener = functools.partial(open_blob, layout, blob.digest)
+        if reporter is None:
+            client.push_blob(destination.repository, blob, opener)
+        else:
+            key = f"push {blob.digest[:19]}"
+            reporter.begin(key, key, blob.size, 0, download=False)
+            status = "error"
+            try:
+                client.push_blob(destination.repository, blob, opener, UploadProgress(reporter, key))
+                status = "done"
+            finally:
+                reporter.finish(key, status)
         uploaded += 1
     with open_blob(layout, manifest.digest) as handle:
         data = handle.read()

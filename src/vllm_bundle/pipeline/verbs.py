@@ -51,7 +51,7 @@ from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_
 from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import atomic_write
-from vllm_bundle.util.progress import human_size
+from vllm_bundle.util.progress import human_size, make_reporter
 from vllm_bundle.util.transport import RetryPolicy, make_session
 
 
@@ -380,7 +380,8 @@ def _publish_image(
         destination, url = mirrored(Reference.parse(args.push), None)
         destination = Reference(destination.registry, destination.repository, tag)
         client = RegistryClient(url, policy_of(args))
-        result = push_layout(image_dir / LAYOUT, destination, client, print)
+        with make_reporter(None, plain=True if args.plain else None) as reporter:
+            result = push_layout(image_dir / LAYOUT, destination, client, reporter)
         sent = f"{result.uploaded} blob{'' if result.uploaded == 1 else 's'} sent, {result.skipped} already there"
         print(f"pushed {result.reference}@{result.digest} ({sent})")
         subject = Descriptor(MANIFEST, digest, int(record["size"]))

@@ -100,7 +100,8 @@ class RichReporter:
         )
         self._tasks: dict[str, TaskID] = {}
         self._uncounted: set[str] = set()  # steps that are not downloads: kept out of the total
-        self._total = self.progress.add_task("[bold]total", total=grand_total)
+        # Hidden until a download begins: a reporter of other steps only (a push) has no total to show.
+        self._total = self.progress.add_task("[bold]total", total=grand_total, visible=grand_total is not None)
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -112,6 +113,7 @@ class RichReporter:
     def begin(self, key: str, label: str, total: int | None, have: int, *, download: bool = True) -> None:
         self._tasks[key] = self.progress.add_task(label, total=total, completed=have)
         if download:
+            self.progress.update(self._total, visible=True)
             self.progress.advance(self._total, have)
         else:
             self._uncounted.add(key)
