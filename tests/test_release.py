@@ -11,9 +11,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from tests.conftest import (
@@ -153,14 +156,28 @@ def test_manifests(assets: Path) -> None:
 
 
 def test_sbom(assets: Path) -> None:
-    sbom = json.loads((assets / f"{STEM}.cdx.json").read_text())
+    """The bundle's SBOM (release/sbom.py; tests/test_sbom.py has the details): valid CycloneDX 1.6,
+    stamped with the release's source date, torch, vLLM and the ROCm SDK as the distributions they are."""
+    text = (assets / f"{STEM}.cdx.json").read_text()
+    sbom = json.loads(text)
     assert sbom["bomFormat"] == "CycloneDX" and sbom["serialNumber"].startswith("urn:uuid:")
-    assert "timestamp" not in json.dumps(sbom)
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    release = json.loads((assets / "release.json").read_text())
+    assert datetime.fromisoformat(sbom["metadata"]["timestamp"]).timestamp() == release["source_date_epoch"]
     by_name = {c["name"]: c for c in sbom["components"]}
-    assert {"CPython (python-build-standalone)", "ROCm SDK (TheRock)", "PyTorch (TheRock)", "vLLM"} <= set(by_name)
+    assert len(by_name) == len(sbom["components"]), "each component once"
+    assert "CPython (python-build-standalone)" in by_name
+    titles = {c["description"]: c for c in sbom["components"] if "description" in c}
+    assert {"ROCm SDK (TheRock)", "PyTorch (TheRock)", "vLLM"} <= set(titles)
     assert {"torch", "fastapi", "rocm-sdk-core", "vllm"} <= set(by_name)
     assert by_name["torch"]["hashes"][0]["alg"] == "SHA-256"
-    assert by_name["vLLM"]["version"] == "0.33.0+rocm714"
+    assert titles["vLLM"] is by_name["vllm"] and by_name["vllm"]["version"] == "0.33.0+rocm714"
+    assert titles["ROCm SDK (TheRock)"]["name"] == "rocm" and "pedigree" in titles["ROCm SDK (TheRock)"]
+    graph = {d["ref"]: set(d.get("dependsOn", [])) for d in sbom["dependencies"]}
+    ref = {name: c["bom-ref"] for name, c in by_name.items()}
+    assert {ref["vllm"], ref["torch"], ref["rocm"], "cpython"} == graph[sbom["metadata"]["component"]["bom-ref"]]
+    assert ref["fastapi"] in graph[ref["vllm"]], "vLLM's requirements (it names no torch: ROCm's is its own)"
+    assert ref["rocm"] in graph[ref["torch"]] and ref["rocm-sdk-core"] in graph[ref["rocm"]]
 
 
 def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 <tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball)
 <tag>-x64.partcount             MM (also for a single part)
-<tag>-x64.cdx.json              CycloneDX SBOM
+<tag>-x64.cdx.json              CycloneDX 1.6 SBOM
 release.json                    tag, target, channel, versions, lock hash, source date, archive, parts,
                                 qualification (tier 0 here; GPU tiers merged later)
 backend_versions.json           Lemonade's pin + checksums of every part
@@ -33,11 +33,11 @@ from vllm_bundle.manifests import (
 )
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.release.archive import archiver, write_archive
-from vllm_bundle.release.sbom import build_sbom
+from vllm_bundle.release.sbom import build_sbom, writer
 from vllm_bundle.tree.assemble import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 4
+STAGE_VERSION = 5  # 5: the SBOM is CycloneDX 1.6, written with cyclonedx-python-lib
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 
 
@@ -105,6 +105,7 @@ def release_stage(
         "lock": lock_hash,
         "tier0": dict(tier0),
         "archiver": archiver(),
+        "sbom": writer(),
         "vllm_build": dict(vllm_build or {}),
     }
 
@@ -117,7 +118,7 @@ def release_stage(
             role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
         }
         (tmp / f"{stem}.cdx.json").write_bytes(
-            build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes)
+            build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes, date=date)
         )
         part_entries = [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in parts]
         release = {
