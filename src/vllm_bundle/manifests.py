@@ -5,7 +5,6 @@ All are written with sorted keys and a trailing newline, so the same inputs give
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import Counter
@@ -16,6 +15,9 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import BundleError
+
+# Re-exported while pipeline.py still imports it from here; its home is util.fsutil.
+from vllm_bundle.util.fsutil import sha256_file as sha256_file
 from vllm_bundle.util.validate import sha256_hex
 
 RELEASE_JSON = "release.json"
@@ -67,11 +69,6 @@ def pin_of(tag: str, target: str) -> str:
 def part_name(stem: str, number: int, count: int) -> str:
     """``<tag>-x64.partNN-of-MM.tar.gz``: what installers ask for, NN and MM two digits, 01-based."""
     return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
-
-
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def sha256sums(directory: Path, names: Sequence[str]) -> bytes:

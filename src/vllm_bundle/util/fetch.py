@@ -38,6 +38,7 @@ from vllm_bundle.errors import (
     OfflineMissingError,
 )
 from vllm_bundle.util.cache import Cache, open_for_writing
+from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
@@ -112,15 +113,10 @@ def _strong_validator(response: requests.Response) -> str | None:
     return response.headers.get("Last-Modified")
 
 
-def sha256_of(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def require_sha256(path: Path, sha256: str, filename: str) -> None:
     """A stage checks its input's bytes before using them: a cache damaged after the download (a disk
     error, a cache restored from elsewhere) must not end up in a bundle stamped complete."""
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != sha256:
         raise CorruptCacheError(
             f"{filename} in the download cache does not match its sha256 (expected {sha256[:16]}…, got {actual[:16]}…)",
@@ -242,7 +238,7 @@ class Fetcher:
             status = "error"
             try:
                 self._transfer(pending, source, partial)
-                sha256, size = sha256_of(partial), partial.stat().st_size
+                sha256, size = sha256_file(partial), partial.stat().st_size
                 self.cache.commit(partial, sha256)
                 self.cache.discard_partial(where)
                 status = "done"
@@ -272,7 +268,7 @@ class Fetcher:
         """A cache hit; with ``verify_cached``, one whose bytes still hash to the pin (else dropped)."""
         if not self.cache.has(artifact.sha256, artifact.size):
             return False
-        if not self.verify_cached or sha256_of(self.cache.blob(artifact.sha256)) == artifact.sha256:
+        if not self.verify_cached or sha256_file(self.cache.blob(artifact.sha256)) == artifact.sha256:
             return True
         self.reporter.note(f"cached {artifact.filename} does not match its sha256; dropped, downloading again")
         self.cache.blob(artifact.sha256).unlink(missing_ok=True)
@@ -322,7 +318,7 @@ class Fetcher:
 
     def _verify(self, artifact: Artifact, partial: Path, source: Source) -> None:
         size = partial.stat().st_size
-        actual = sha256_of(partial)
+        actual = sha256_file(partial)
         if actual == artifact.sha256 and (artifact.size is None or size == artifact.size):
             return
         self.cache.discard_partial(artifact.sha256)

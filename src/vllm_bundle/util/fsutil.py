@@ -1,7 +1,8 @@
-"""Writing files so that a reader or a crash never sees half of one."""
+"""Files on disk: written so that a reader or a crash never sees half of one, hashed, linked or copied."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -22,6 +23,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's bytes in hex, read in blocks (a part or a wheel is gigabytes)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def link_or_copy(src: str, dst: str) -> None:
