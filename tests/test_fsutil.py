@@ -3,8 +3,12 @@ writing atomically, and a full disk as one line."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from pathlib import Path
+
+import pytest
 
 from vllm_bundle import manifests
 from vllm_bundle.util import fsutil
@@ -20,3 +24,22 @@ def test_a_file_is_hashed_by_one_helper_whatever_its_size(tmp_path: Path) -> Non
     assert manifests.sha256sums(tmp_path, ["empty", "big"]) == (
         f"{hashlib.sha256(data).hexdigest()}  big\n{hashlib.sha256(b'').hexdigest()}  empty\n".encode()
     )
+
+
+def test_link_or_copy_links_on_one_file_system_and_copies_across(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "source"
+    source.write_bytes(b"bytes")
+    source.chmod(0o755)
+    fsutil.link_or_copy(source, tmp_path / "linked")
+    assert (tmp_path / "linked").stat().st_ino == source.stat().st_ino
+
+    def cross_device(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    fsutil.link_or_copy(str(source), str(tmp_path / "copied"))  # also a copytree copy function
+    copied = (tmp_path / "copied").stat()
+    assert copied.st_ino != source.stat().st_ino and (tmp_path / "copied").read_bytes() == b"bytes"
+    assert copied.st_mode & 0o777 == 0o755, "a copy keeps the mode, as the link would"

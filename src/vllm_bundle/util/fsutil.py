@@ -31,10 +31,11 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def link_or_copy(src: str, dst: str) -> None:
-    """A ``copytree`` copy function: a hard link where ``dst`` is on ``src``'s file system, else a copy.
-    For scratch copies that nothing edits in place (a new file, or one replaced by rename, leaves the
-    original as it was): copying a bundle of several GB only to import from it costs minutes."""
+def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A hard link where ``dst`` is on ``src``'s file system (and the file system links), else a copy
+    with its mode and times; also a ``copytree`` copy function. For copies that nothing edits in place
+    (a new file, or one replaced by rename, leaves the original as it was): copying a bundle of several
+    GB only to import from it costs minutes."""
     try:
         os.link(src, dst)
     except OSError:
