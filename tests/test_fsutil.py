@@ -43,3 +43,28 @@ def test_link_or_copy_links_on_one_file_system_and_copies_across(
     copied = (tmp_path / "copied").stat()
     assert copied.st_ino != source.stat().st_ino and (tmp_path / "copied").read_bytes() == b"bytes"
     assert copied.st_mode & 0o777 == 0o755, "a copy keeps the mode, as the link would"
+
+
+def test_sha256sums_is_written_atomically_with_its_bytes_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SHA256SUMS goes through atomic_write: synced before the rename, so a failure (or a crash) leaves
+    the previous file whole and no temporary file beside it."""
+    (tmp_path / "a.tar.gz").write_bytes(b"a")
+    manifests.write_sha256sums(tmp_path)
+    before = (tmp_path / manifests.SHA256SUMS).read_bytes()
+    assert before == f"{hashlib.sha256(b'a').hexdigest()}  a.tar.gz\n".encode()
+    (tmp_path / "b.tar.gz").write_bytes(b"b")
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_sync)
+    with pytest.raises(OSError, match="Input/output error"):
+        manifests.write_sha256sums(tmp_path)
+    assert (tmp_path / manifests.SHA256SUMS).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [manifests.SHA256SUMS, "a.tar.gz", "b.tar.gz"]
+    monkeypatch.undo()
+    manifests.write_sha256sums(tmp_path)
+    assert (tmp_path / manifests.SHA256SUMS).stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / manifests.SHA256SUMS).read_bytes().count(b"\n") == 2

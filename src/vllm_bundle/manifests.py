@@ -15,6 +15,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.util.fsutil import atomic_write
 
 # Re-exported while pipeline.py still imports it from here; its home is util.fsutil.
 from vllm_bundle.util.fsutil import sha256_file as sha256_file
@@ -78,9 +79,7 @@ def sha256sums(directory: Path, names: Sequence[str]) -> bytes:
 def write_sha256sums(directory: Path) -> None:
     """``SHA256SUMS`` of every other (non-hidden) file in ``directory``, written atomically."""
     names = [p.name for p in directory.iterdir() if p.is_file() and p.name != SHA256SUMS and p.name[0] != "."]
-    tmp = directory / f".{SHA256SUMS}.tmp"
-    tmp.write_bytes(sha256sums(directory, names))
-    tmp.replace(directory / SHA256SUMS)
+    atomic_write(directory / SHA256SUMS, sha256sums(directory, names))
 
 
 def check_repo(repo: str) -> None:
