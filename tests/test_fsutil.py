@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import os
+import tarfile
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
 from vllm_bundle import manifests
+from vllm_bundle.errors import DiskFullError
 from vllm_bundle.util import fsutil
 
 
@@ -68,3 +72,83 @@ def test_sha256sums_is_written_atomically_with_its_bytes_on_disk(
     manifests.write_sha256sums(tmp_path)
     assert (tmp_path / manifests.SHA256SUMS).stat().st_mode & 0o777 == 0o644
     assert (tmp_path / manifests.SHA256SUMS).read_bytes().count(b"\n") == 2
+
+
+# -- a full disk is one line -----------------------------------------------------------------------------
+
+
+class _FillingFile:
+    """A file opened for writing on a disk that fills up after ``room`` bytes."""
+
+    def __init__(self, handle: IO[Any], room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def __enter__(self) -> _FillingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+
+@pytest.fixture
+def disk_fills_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file opened with ``os.fdopen`` for writing (the cache's, extraction's) takes 1000 bytes."""
+    real = os.fdopen
+
+    def fdopen(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real(fd, mode, *args, **kwargs)
+        return _FillingFile(handle, 1000) if "w" in mode or "a" in mode else handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_is_one_line_after_the_cleanup(code: int) -> None:
+    cleaned: list[str] = []
+    with (
+        pytest.raises(DiskFullError, match=r"^disk full writing x \(free space\)$"),
+        fsutil.raising_disk_full("disk full writing x", "free space", cleanup=lambda: cleaned.append("x")),
+    ):
+        raise OSError(code, os.strerror(code))
+    assert cleaned == ["x"]
+    with (
+        pytest.raises(PermissionError),  # any other error passes as it is, with nothing removed
+        fsutil.raising_disk_full("disk full", "free space", cleanup=lambda: cleaned.append("y")),
+    ):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    assert cleaned == ["x"]
+
+
+def test_a_full_disk_while_extracting_is_one_line(tmp_path: Path, disk_fills_up: None) -> None:
+    from vllm_bundle.util.extract import safe_extract
+
+    data = os.urandom(5000)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("top/big.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    with tarfile.open(fileobj=buffer) as tar, pytest.raises(DiskFullError, match=r"filled up while extracting a\.tar"):
+        safe_extract(tar, tmp_path / "out", "a.tar", top="top")
+
+
+def test_a_full_disk_while_building_a_stage_keeps_nothing_of_it(tmp_path: Path) -> None:
+    from vllm_bundle.tree.stage import run_stage
+
+    def build(tmp: Path) -> None:
+        (tmp / "half").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError, match="filled up while building the demo stage; nothing of it was kept"):
+        run_stage(tmp_path / "out", "demo", 1, {}, build)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock"]

@@ -17,7 +17,6 @@ swap killed half way is rolled back first.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import re
@@ -34,7 +33,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.errors import DiskFullError, InstallError, NetworkError
+from vllm_bundle.errors import InstallError, NetworkError
 from vllm_bundle.manifests import (
     RELEASE_JSON,
     ManifestError,
@@ -46,6 +45,7 @@ from vllm_bundle.manifests import (
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.parts import extract_parts
 from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
 from vllm_bundle.util.validate import sha256_hex
@@ -409,15 +409,14 @@ def install_release(
     dest = dest.absolute()
     check_destination(dest)
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with _destination_lock(dest, say):
-            recover(dest, say)  # a swap cut short: the previous install back first
-            sweep(dest)  # what killed runs left beside it
-            check_destination(dest)  # again, now that no other installer can change it
-            installed = _install_locked(release, dest, fetcher, policy, say)
+        with raising_disk_full(f"the disk under {dest.parent} is full", "free space and retry"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _destination_lock(dest, say):
+                recover(dest, say)  # a swap cut short: the previous install back first
+                sweep(dest)  # what killed runs left beside it
+                check_destination(dest)  # again, now that no other installer can change it
+                installed = _install_locked(release, dest, fetcher, policy, say)
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"the disk under {dest.parent} is full", "free space and retry") from None
         where = err.filename or dest.parent
         raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
     if installed:

@@ -11,14 +11,13 @@ not do: resuming a body across broken connections, validating Content-Range, and
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -38,7 +37,7 @@ from vllm_bundle.errors import (
     OfflineMissingError,
 )
 from vllm_bundle.util.cache import Cache, open_for_writing
-from vllm_bundle.util.fsutil import sha256_file
+from vllm_bundle.util.fsutil import raising_disk_full, sha256_file
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
@@ -208,16 +207,17 @@ class Fetcher:
             self.reporter.begin(artifact.filename, artifact.filename, artifact.size, have)
             status = "error"
             try:
-                self._transfer(artifact, source, partial)
-                self._verify(artifact, partial, source)
-                path = self.cache.commit(partial, artifact.sha256)
+                with self._disk_full(artifact):
+                    self._transfer(artifact, source, partial)
+                    self._verify(artifact, partial, source)
+                    path = self.cache.commit(partial, artifact.sha256)
                 status = "done"
                 return path
             except HashMismatchError:
                 self.cache.discard_partial(artifact.sha256)
                 raise
             except OSError as err:
-                raise self._disk_error(artifact, err) from None
+                raise self._write_error(artifact, err) from None
             finally:
                 self.reporter.finish(artifact.filename, status)
 
@@ -237,14 +237,15 @@ class Fetcher:
             self.reporter.begin(filename, filename, None, have)
             status = "error"
             try:
-                self._transfer(pending, source, partial)
-                sha256, size = sha256_file(partial), partial.stat().st_size
-                self.cache.commit(partial, sha256)
-                self.cache.discard_partial(where)
+                with self._disk_full(pending):
+                    self._transfer(pending, source, partial)
+                    sha256, size = sha256_file(partial), partial.stat().st_size
+                    self.cache.commit(partial, sha256)
+                    self.cache.discard_partial(where)
                 status = "done"
                 return Artifact(name, filename, url, sha256, size)
             except OSError as err:
-                raise self._disk_error(pending, err) from None
+                raise self._write_error(pending, err) from None
             finally:
                 self.reporter.finish(filename, status)
 
@@ -354,14 +355,16 @@ class Fetcher:
             assert source.url is not None
             self._download(artifact, source, partial)
 
-    def _disk_error(self, artifact: Artifact, err: OSError) -> BundleError:
-        """A write into the cache failed: a full disk removes the partial file, as promised."""
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.cache.discard_partial(artifact.sha256)
-            return DiskFullError(
-                f"disk full while downloading {artifact.filename} into {self.cache.root}; the partial file was removed",
-                "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
-            )
+    def _disk_full(self, artifact: Artifact) -> AbstractContextManager[None]:
+        """A full disk while writing into the cache removes the partial file, as promised."""
+        return raising_disk_full(
+            f"disk full while downloading {artifact.filename} into {self.cache.root}; the partial file was removed",
+            "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
+            cleanup=lambda: self.cache.discard_partial(artifact.sha256),
+        )
+
+    def _write_error(self, artifact: Artifact, err: OSError) -> BundleError:
+        """A write into the cache failed for another reason than a full disk."""
         return FetchError(
             f"cannot write {artifact.filename} into the cache {self.cache.root}: {err.strerror}",
             "check the permissions of --cache-dir / $VLLM_BUNDLE_CACHE_DIR",

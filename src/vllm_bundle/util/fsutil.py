@@ -1,12 +1,21 @@
-"""Files on disk: written so that a reader or a crash never sees half of one, hashed, linked or copied."""
+"""Files on disk: written so that a reader or a crash never sees half of one, a full disk as one line,
+hashed, linked or copied."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from vllm_bundle.errors import DiskFullError
+
+#: What a write says when the disk is full: no space left, or the user's quota used up.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -23,6 +32,24 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS
+
+
+@contextmanager
+def raising_disk_full(message: str, hint: str, *, cleanup: Callable[[], object] | None = None) -> Iterator[None]:
+    """A full disk (ENOSPC, EDQUOT) anywhere in the block ends as one line, ``DiskFullError(message,
+    hint)``, after ``cleanup`` (which removes what was half written); any other error passes as it is."""
+    try:
+        yield
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        if cleanup is not None:
+            cleanup()
+        raise DiskFullError(message, hint) from None
 
 
 def sha256_file(path: Path) -> str:
