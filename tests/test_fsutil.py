@@ -9,10 +9,10 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import IO, Any
 
 import pytest
 
+from tests.conftest import disk_filling_up
 from vllm_bundle import manifests
 from vllm_bundle.errors import DiskFullError
 from vllm_bundle.util import fsutil
@@ -77,40 +77,6 @@ def test_sha256sums_is_written_atomically_with_its_bytes_on_disk(
 # -- a full disk is one line -----------------------------------------------------------------------------
 
 
-class _FillingFile:
-    """A file opened for writing on a disk that fills up after ``room`` bytes."""
-
-    def __init__(self, handle: IO[Any], room: int) -> None:
-        self.handle, self.room = handle, room
-
-    def write(self, data: bytes) -> int:
-        if len(data) > self.room:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        self.room -= len(data)
-        return self.handle.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.handle, name)
-
-    def __enter__(self) -> _FillingFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.close()
-
-
-@pytest.fixture
-def disk_fills_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every file opened with ``os.fdopen`` for writing (the cache's, extraction's) takes 1000 bytes."""
-    real = os.fdopen
-
-    def fdopen(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        handle = real(fd, mode, *args, **kwargs)
-        return _FillingFile(handle, 1000) if "w" in mode or "a" in mode else handle
-
-    monkeypatch.setattr(os, "fdopen", fdopen)
-
-
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_is_one_line_after_the_cleanup(code: int) -> None:
     cleaned: list[str] = []
@@ -128,7 +94,7 @@ def test_a_full_disk_is_one_line_after_the_cleanup(code: int) -> None:
     assert cleaned == ["x"]
 
 
-def test_a_full_disk_while_extracting_is_one_line(tmp_path: Path, disk_fills_up: None) -> None:
+def test_a_full_disk_while_extracting_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm_bundle.util.extract import safe_extract
 
     data = os.urandom(5000)
@@ -138,6 +104,7 @@ def test_a_full_disk_while_extracting_is_one_line(tmp_path: Path, disk_fills_up:
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     buffer.seek(0)
+    disk_filling_up(monkeypatch, room=1000)
     with tarfile.open(fileobj=buffer) as tar, pytest.raises(DiskFullError, match=r"filled up while extracting a\.tar"):
         safe_extract(tar, tmp_path / "out", "a.tar", top="top")
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -36,8 +36,8 @@ from vllm_bundle.errors import (
     NetworkError,
     OfflineMissingError,
 )
-from vllm_bundle.util.cache import Cache, open_for_writing
-from vllm_bundle.util.fsutil import raising_disk_full, sha256_file
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
@@ -207,10 +207,10 @@ class Fetcher:
             self.reporter.begin(artifact.filename, artifact.filename, artifact.size, have)
             status = "error"
             try:
-                with self._disk_full(artifact):
+                with self.cache.disk_full(artifact.sha256, artifact.filename):
                     self._transfer(artifact, source, partial)
                     self._verify(artifact, partial, source)
-                    path = self.cache.commit(partial, artifact.sha256)
+                    path = self.cache.commit(artifact.sha256)
                 status = "done"
                 return path
             except HashMismatchError:
@@ -237,11 +237,10 @@ class Fetcher:
             self.reporter.begin(filename, filename, None, have)
             status = "error"
             try:
-                with self._disk_full(pending):
+                with self.cache.disk_full(where, filename):
                     self._transfer(pending, source, partial)
                     sha256, size = sha256_file(partial), partial.stat().st_size
-                    self.cache.commit(partial, sha256)
-                    self.cache.discard_partial(where)
+                    self.cache.commit(where, sha256)
                 status = "done"
                 return Artifact(name, filename, url, sha256, size)
             except OSError as err:
@@ -348,20 +347,11 @@ class Fetcher:
         out.flush()
 
     def _transfer(self, artifact: Artifact, source: Source, partial: Path) -> None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
         if source.path is not None:
-            self._copy_local(artifact, source.path, partial)
+            self._copy_local(artifact, source.path)
         else:
             assert source.url is not None
             self._download(artifact, source, partial)
-
-    def _disk_full(self, artifact: Artifact) -> AbstractContextManager[None]:
-        """A full disk while writing into the cache removes the partial file, as promised."""
-        return raising_disk_full(
-            f"disk full while downloading {artifact.filename} into {self.cache.root}; the partial file was removed",
-            "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
-            cleanup=lambda: self.cache.discard_partial(artifact.sha256),
-        )
 
     def _write_error(self, artifact: Artifact, err: OSError) -> BundleError:
         """A write into the cache failed for another reason than a full disk."""
@@ -370,13 +360,13 @@ class Fetcher:
             "check the permissions of --cache-dir / $VLLM_BUNDLE_CACHE_DIR",
         )
 
-    def _copy_local(self, artifact: Artifact, path: Path, partial: Path) -> None:
+    def _copy_local(self, artifact: Artifact, path: Path) -> None:
         if not path.is_file():
             raise FetchError(
                 f"{artifact.filename} is not in the mirror directory {path.parent}",
                 "copy it there, or fetch without --mirror",
             )
-        with path.open("rb") as src, open_for_writing(partial) as out:
+        with path.open("rb") as src, self.cache.open_partial(artifact.sha256) as out:
             self._write(artifact, out, iter(lambda: src.read(CHUNK), b""))
 
     def _download(self, artifact: Artifact, source: Source, partial: Path) -> None:
@@ -393,7 +383,7 @@ class Fetcher:
                 self.cache.discard_partial(artifact.sha256)  # longer than the pin: cannot be right
                 have = 0
             try:
-                self._download_once(artifact, source, partial, have, validator, meta_path)
+                self._download_once(artifact, source, partial, have, validator)
                 return
             except _BodyBroken as err:
                 broken += 1
@@ -432,7 +422,6 @@ class Fetcher:
         partial: Path,
         have: int,
         validator: str | None,
-        meta_path: Path,
     ) -> None:
         assert source.url is not None
         url = source.url
@@ -449,9 +438,8 @@ class Fetcher:
                 raise _BodyBroken(f"server answered an unusable range {response.headers.get('Content-Range')}")
             if have and not resuming:
                 self.reporter.restart(artifact.filename, 0, "server ignored the range request; restarting")
-            with open_for_writing(meta_path) as meta:
-                meta.write(json.dumps({"url": url, "validator": _strong_validator(response)}).encode())
-            with open_for_writing(partial, append=resuming, buffering=0) as out:
+            self.cache.write_partial_meta(artifact.sha256, {"url": url, "validator": _strong_validator(response)})
+            with self.cache.open_partial(artifact.sha256, append=resuming, buffering=0) as out:
                 try:
                     self._write(artifact, out, self._body(response))
                 except (requests.RequestException, urllib3.exceptions.HTTPError) as err:
