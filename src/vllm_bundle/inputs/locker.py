@@ -108,7 +108,7 @@ def get_text(session: requests.Session, source: Source) -> str:
     assert source.url is not None
     check_url(source.url)
     try:
-        response = session.get(source.url, timeout=60)
+        response = session.get(source.url)
     except requests.RequestException as err:
         raise NetworkError(f"cannot download {source.url}: {describe(err)}", UNREACHABLE_HINT) from None
     if response.status_code != 200:
@@ -314,7 +314,7 @@ def _trim_size_and_hash(
 def _content_length(fetcher: Fetcher, url: str) -> int:
     check_url(url)
     try:
-        response = fetcher.session.head(url, allow_redirects=True, timeout=60)
+        response = fetcher.session.head(url, allow_redirects=True)
     except requests.RequestException as err:
         raise NetworkError(f"cannot reach {url} to read its size: {describe(err)}", UNREACHABLE_HINT) from None
     length = response.headers.get("Content-Length")

@@ -97,7 +97,7 @@ def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
     with make_session(policy) as session:
         for attempt in range(1, policy.attempts + 1):
             try:
-                answer = session.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
+                answer = session.get(url)
                 if answer.status_code != 200:
                     raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
                 return answer.content

@@ -145,22 +145,14 @@ class RegistryClient:
         if token:
             headers["Authorization"] = token
         try:
-            response = self.session.request(
-                method, url, headers=headers, timeout=(self.policy.connect_timeout, self.policy.read_timeout), **kwargs
-            )
+            response = self.session.request(method, url, headers=headers, **kwargs)
             if response.status_code == 401 and "www-authenticate" in response.headers:
                 self._tokens[scope] = self._authorize(response.headers["www-authenticate"], scope)
                 headers["Authorization"] = self._tokens[scope]
                 rewind = getattr(kwargs.get("data"), "seek", None)
                 if rewind is not None:  # a file body was read by the refused attempt
                     rewind(0)
-                response = self.session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    timeout=(self.policy.connect_timeout, self.policy.read_timeout),
-                    **kwargs,
-                )
+                response = self.session.request(method, url, headers=headers, **kwargs)
         except requests.RequestException as err:
             raise NetworkError(
                 f"cannot reach {self.base_url}: {describe(err)}", "check the registry address and the network"

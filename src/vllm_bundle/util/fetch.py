@@ -261,9 +261,6 @@ class Fetcher:
         pool.shutdown()
         return {pin.url: pin for pin in pins}
 
-    def _timeouts(self) -> tuple[float, float]:
-        return (self.policy.connect_timeout, self.policy.read_timeout)
-
     def _cached(self, artifact: Artifact) -> bool:
         """A cache hit; with ``verify_cached``, one whose bytes still hash to the pin (else dropped)."""
         if not self.cache.has(artifact.sha256, artifact.size):
@@ -401,12 +398,7 @@ class Fetcher:
 
     def _request(self, artifact: Artifact, url: str, headers: dict[str, str]) -> requests.Response:
         try:
-            return self.session.get(
-                url,
-                headers=headers,
-                stream=True,
-                timeout=(self.policy.connect_timeout, self.policy.read_timeout),
-            )
+            return self.session.get(url, headers=headers, stream=True)
         except requests.RequestException as err:
             if is_connect_failure(err):
                 raise NetworkError(

@@ -1,7 +1,9 @@
-"""HTTP transport: one requests session with urllib3 retries, and the URL policy.
+"""HTTP transport: one requests session with urllib3 retries and the policy's timeouts, and the URL policy.
 
 Connect errors, timeouts and 429/5xx answers are retried by urllib3 with exponential backoff (and
 Retry-After honoured); a connection that drops in the middle of a body is resumed by the fetcher.
+Every request of a session from :func:`make_session` has the policy's (connect, read) timeouts unless
+it names its own, so no call site spells out a number.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import http.client
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -37,6 +40,11 @@ class RetryPolicy:
     max_backoff: float = 30.0
     connect_timeout: float = 15.0
     read_timeout: float = 60.0  # a stalled body is abandoned (and resumed) after this long
+
+    @property
+    def timeouts(self) -> tuple[float, float]:
+        """(connect, read) seconds: what every request of a session made with this policy waits."""
+        return (self.connect_timeout, self.read_timeout)
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
@@ -76,6 +84,26 @@ def _check_redirect(response: requests.Response, *args: object, **kwargs: object
         check_url(urljoin(response.url, response.headers["location"]), redirected_from=response.url)
 
 
+class _PolicyAdapter(HTTPAdapter):
+    """urllib3's retries, and the policy's timeouts for a request that names none (a requests session
+    has no timeout of its own: without one, a host that stops answering hangs the run)."""
+
+    def __init__(self, timeouts: tuple[float, float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.timeouts = timeouts
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        return super().send(request, stream, self.timeouts if timeout is None else timeout, verify, cert, proxies)
+
+
 def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
     retry = Retry(
         total=policy.attempts - 1,
@@ -90,7 +118,7 @@ def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
         respect_retry_after_header=True,
         raise_on_status=False,
     )
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
+    adapter = _PolicyAdapter(policy.timeouts, max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
     session = requests.Session()
     session.hooks["response"].append(_check_redirect)
     session.mount("https://", adapter)
