@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.parts import extract_parts
-from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
+from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session, retrying
 from vllm_bundle.util.validate import sha256_hex
 
 VERSION_FILE = "version.txt"
@@ -83,6 +82,15 @@ class Release:
         return urlsplit(self.location).scheme in ("http", "https")
 
 
+#: How a small asset's download fails when the connection broke off (or stalled) midway.
+CUT_OFF = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+def _body_cut(err: Exception) -> bool:
+    """Worth fetching again: a body cut off midway (urllib3 has retried a host that cannot be reached)."""
+    return isinstance(err, CUT_OFF) and not is_connect_failure(err)
+
+
 def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
     """A small asset (manifest, partcount) from an URL prefix or a directory. A body cut off midway is
     fetched again (urllib3 already retries connect errors and 429/5xx answers)."""
@@ -95,19 +103,13 @@ def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
     url = location + quote(name)
     check_url(url)
     with make_session(policy) as session:
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                answer = session.get(url)
-                if answer.status_code != 200:
-                    raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
-                return answer.content
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as err:
-                if attempt == policy.attempts or is_connect_failure(err):
-                    raise NetworkError(
-                        f"cannot download {url}: {describe(err)}", "check the URL and your network"
-                    ) from None
-                time.sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
+        try:
+            answer = retrying(policy, lambda: session.get(url), _body_cut)
+        except CUT_OFF as err:
+            raise NetworkError(f"cannot download {url}: {describe(err)}", "check the URL and your network") from None
+    if answer.status_code != 200:
+        raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
+    return answer.content
 
 
 def _as_location(source: str) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -46,6 +45,7 @@ from vllm_bundle.util.transport import (
     describe,
     is_connect_failure,
     make_session,
+    retrying,
 )
 
 CHUNK = 1 << 20
@@ -370,31 +370,34 @@ class Fetcher:
         assert source.url is not None
         url = source.url
         meta_path = self.cache.partial_meta(artifact.sha256)
-        validator = self._load_validator(meta_path, url)
-        broken = 0
-        while True:
-            have = partial.stat().st_size if partial.exists() else 0
+
+        def kept() -> int:
+            return partial.stat().st_size if partial.exists() else 0
+
+        def once() -> None:
+            """One request, resuming from what the partial file holds (and the validator it came with)."""
+            validator = self._load_validator(meta_path, url)
+            have = kept()
             if artifact.size is not None and have >= artifact.size:
                 if have == artifact.size:
                     return
                 self.cache.discard_partial(artifact.sha256)  # longer than the pin: cannot be right
                 have = 0
-            try:
-                self._download_once(artifact, source, partial, have, validator)
-                return
-            except _BodyBroken as err:
-                broken += 1
-                if broken >= self.policy.attempts:
-                    kept = partial.stat().st_size if partial.exists() else 0
-                    raise NetworkError(
-                        f"download of {artifact.filename} from {host_of(url)} kept breaking off "
-                        f"({err}); {human_size(kept)} kept for resuming",
-                        "run the same command again to resume, or " + UNREACHABLE_HINT,
-                    ) from None
-                now = partial.stat().st_size if partial.exists() else 0
-                self.reporter.restart(artifact.filename, now, str(err))
-                time.sleep(self.policy.delay(broken))
-                validator = self._load_validator(meta_path, url)
+            self._download_once(artifact, source, partial, have, validator)
+
+        try:
+            retrying(
+                self.policy,
+                once,
+                lambda err: isinstance(err, _BodyBroken),
+                on_failure=lambda err, failures: self.reporter.restart(artifact.filename, kept(), str(err)),
+            )
+        except _BodyBroken as err:
+            raise NetworkError(
+                f"download of {artifact.filename} from {host_of(url)} kept breaking off "
+                f"({err}); {human_size(kept())} kept for resuming",
+                "run the same command again to resume, or " + UNREACHABLE_HINT,
+            ) from None
 
     def _request(self, artifact: Artifact, url: str, headers: dict[str, str]) -> requests.Response:
         try:

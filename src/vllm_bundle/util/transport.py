@@ -3,7 +3,8 @@
 Connect errors, timeouts and 429/5xx answers are retried by urllib3 with exponential backoff (and
 Retry-After honoured); a connection that drops in the middle of a body is resumed by the fetcher.
 Every request of a session from :func:`make_session` has the policy's (connect, read) timeouts unless
-it names its own, so no call site spells out a number.
+it names its own, so no call site spells out a number. What urllib3 does not retry (a body cut off
+midway, an upload's POST, PATCH or PUT) goes through the one hand-written loop, :func:`retrying`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import http.client
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -27,6 +29,7 @@ from vllm_bundle import __version__
 from vllm_bundle.errors import InsecureURLError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,49 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
+
+
+class RetryStatus(Exception):
+    """An answer worth asking again (429, 5xx): ``response`` is it, ``retry_after`` the seconds its
+    Retry-After asks for, if it says."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+        after = response.headers.get("retry-after", "")
+        self.retry_after = float(after) if after.isdigit() else None
+
+
+def raise_for_retry_status(response: requests.Response) -> requests.Response:
+    """``response``, unless its status is one to ask again for (:class:`RetryStatus`)."""
+    if response.status_code in RETRY_STATUSES:
+        raise RetryStatus(response)
+    return response
+
+
+def retrying(
+    policy: RetryPolicy,
+    attempt: Callable[[], T],
+    transient: Callable[[Exception], bool],
+    *,
+    on_failure: Callable[[Exception, int], object] = lambda err, failures: None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """``attempt()``, tried again while it fails with an exception ``transient`` says may pass, up to
+    ``policy.attempts`` tries in all. Between tries: ``on_failure(err, failures)``, then the policy's
+    backoff (or the ``retry_after`` seconds the exception carries, at most ``max_backoff``). The last
+    failure, or one that is not transient, is raised as it is."""
+    failures = 0
+    while True:
+        try:
+            return attempt()
+        except Exception as err:
+            failures += 1
+            if failures >= policy.attempts or not transient(err):
+                raise
+            on_failure(err, failures)
+            after: float | None = getattr(err, "retry_after", None)
+            sleep(min(policy.max_backoff, after) if after is not None else policy.delay(failures))
 
 
 def is_loopback(host: str | None) -> bool:
