@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,13 @@ class ManifestError(BundleError):
     """A manifest is malformed or manifests disagree."""
 
 
-def dump_json(data: Mapping[str, Any]) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+def dump_json(data: Mapping[str, Any], *, default: Callable[[Any], Any] | None = None) -> bytes:
+    """The one form every JSON file of this tool is written in (release.json, backend_versions.json, the
+    image's image.json and base lock, tier 0's report, a stage's stamp): keys sorted, two-space indent,
+    ASCII only, a trailing newline; the same data gives the same bytes. ``default`` turns what JSON has
+    no type for into something it has (a stamp's inputs: ``str``). OCI documents are the exception: their
+    digest is of the bytes, which :func:`vllm_bundle.oci.layout.canonical_json` keeps compact."""
+    return (json.dumps(data, indent=2, sort_keys=True, default=default) + "\n").encode()
 
 
 def public_version(version: str) -> str:

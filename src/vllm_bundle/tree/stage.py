@@ -23,6 +23,7 @@ from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
 from vllm_bundle.errors import RecipeError
+from vllm_bundle.manifests import dump_json
 from vllm_bundle.util.fsutil import atomic_write, raising_disk_full
 
 #: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
@@ -102,7 +103,7 @@ def run_stage(
         ):
             details = _build_in_place(out, build)
             record = {"stage": name, "key": key, "inputs": inputs, "details": details}
-            atomic_write(_stamp_path(out), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
+            atomic_write(_stamp_path(out), dump_json(record, default=str))
     return StageResult(name, out, key, False, time.monotonic() - began, details)
 
 
