@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from platformdirs import user_cache_dir
@@ -188,6 +189,40 @@ def small_disk(mount_point: Path, size: str, *, read_only: bool = False) -> Iter
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+class _FillingFile:
+    """A file opened for writing on a disk that fills up after ``room`` bytes."""
+
+    def __init__(self, handle: IO[Any], room: int) -> None:
+        self.handle, self.room = handle, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(data)
+        return int(self.handle.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+    def __enter__(self) -> _FillingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+
+def disk_filling_up(monkeypatch: pytest.MonkeyPatch, room: int) -> None:
+    """A full disk without a mount: every file opened for writing through ``os.fdopen`` from now on (the
+    download cache's files, extracted files) takes ``room`` bytes, then its write fails with ENOSPC."""
+    real = os.fdopen
+
+    def fdopen(fd: int, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real(fd, mode, *args, **kwargs)
+        return _FillingFile(handle, room) if "w" in mode or "a" in mode else handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
 
 
 # -- real vLLM source releases (PyPI), cached across test runs --------------------------------------

@@ -25,7 +25,7 @@ from vllm_bundle.tree.assemble import Layout, install_wheels
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.stage import STAGES
 from vllm_bundle.tree.toolchain import WRAPPER
-from vllm_bundle.util.fetch import sha256_of
+from vllm_bundle.util.fsutil import sha256_file
 
 
 def copy_of(built: Path, dest: Path) -> Path:
@@ -233,7 +233,7 @@ def test_unsafe_python_tarball_is_refused(tmp_path: Path, entry: tarfile.TarInfo
     tarball = _tarball(tmp_path / "cpython-evil.tar.gz", entry, b"evil" if entry.size else b"")
     build = tmp_path / "work" / "build"
     with pytest.raises(BundleError) as caught:
-        python_stage(tarball, sha256_of(tarball), PYTHON_MINOR, build / "gfx1151" / "python")
+        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, build / "gfx1151" / "python")
     assert reason in str(caught.value) and "refusing to extract cpython-evil.tar.gz" in str(caught.value)
     assert not (tmp_path / "vllm-bundle-evil").exists() and not Path("/tmp/vllm-bundle-evil").exists()
     assert not (build / "gfx1151" / "python").exists(), "nothing extracted, nothing marked complete"

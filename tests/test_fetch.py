@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import assert_one_line_error, run_cli, small_disk
+from tests.conftest import assert_one_line_error, disk_filling_up, run_cli, small_disk
 from tests.upstream.fixture import Fixture, make_blob
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.errors import DiskFullError, HashMismatchError, NetworkError, OfflineMissingError
@@ -405,3 +405,69 @@ def test_a_full_disk_anywhere_is_one_line_not_a_traceback(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: no space left on device writing ") and "free space" in err
+
+
+# -- every write into the cache goes through Cache; a full disk on any of them leaves no partial file ----
+
+
+def _no_partial_files(cache: Cache) -> bool:
+    partial = cache.root / "partial"
+    return not partial.exists() or not list(partial.iterdir())
+
+
+@pytest.mark.parametrize("room", [10, 100_000], ids=["meta-file", "partial-file"])
+def test_a_full_disk_on_any_write_of_a_download_leaves_no_partial_file(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int
+) -> None:
+    artifact = artifact_for(blob, upstream)
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    disk_filling_up(monkeypatch, room)
+    with pytest.raises(DiskFullError, match=r"disk full while downloading blob\.bin .*the partial file was removed"):
+        fetcher.fetch_one(artifact)
+    assert _no_partial_files(fetcher.cache) and not fetcher.cache.has(artifact.sha256, None)
+
+
+def test_a_full_disk_while_copying_from_a_mirror_directory_leaves_no_partial_file(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact = artifact_for(blob, upstream)
+    fetcher, _ = make_fetcher(tmp_path / "cache", mirror=str(blob.parent))
+    disk_filling_up(monkeypatch, 100_000)
+    with pytest.raises(DiskFullError, match=r"disk full while downloading blob\.bin"):
+        fetcher.fetch_one(artifact)
+    assert _no_partial_files(fetcher.cache) and not fetcher.cache.has(artifact.sha256, None)
+    assert upstream.log == [], "the mirror directory was read, not the network"
+
+
+def test_a_full_disk_while_measuring_leaves_no_partial_file(
+    upstream: UpstreamServer, blob: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fetcher, _ = make_fetcher(tmp_path / "cache")
+    disk_filling_up(monkeypatch, 100_000)
+    with pytest.raises(DiskFullError, match=r"disk full while downloading blob\.bin"):
+        fetcher.measure("blob", blob.name, f"{upstream.url}/files/{blob.name}")
+    assert _no_partial_files(fetcher.cache) and not (tmp_path / "cache" / "blobs").exists()
+
+
+def test_small_bytes_enter_the_cache_under_their_sha256_through_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_bundle.errors import CorruptCacheError
+
+    cache = Cache(tmp_path / "cache")
+    data = b'{"schemaVersion":2}'
+    path = cache.store(data, "a manifest")
+    assert path == cache.blob(hashlib.sha256(data).hexdigest()) and path.read_bytes() == data
+    assert cache.store(data, "a manifest") == path and _no_partial_files(cache)
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    planted = cache.partial(hashlib.sha256(b"linked").hexdigest())
+    planted.symlink_to(victim)
+    with pytest.raises(CorruptCacheError, match="symbolic link"):
+        cache.store(b"linked", "a linked manifest")
+    assert victim.read_text() == "kept"
+    planted.unlink()
+    disk_filling_up(monkeypatch, 5)
+    with pytest.raises(DiskFullError, match="disk full while downloading another manifest"):
+        cache.store(b"more than five bytes", "another manifest")
+    assert _no_partial_files(cache) and not cache.has(hashlib.sha256(b"more than five bytes").hexdigest(), None)

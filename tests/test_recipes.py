@@ -121,3 +121,37 @@ def test_recipe_hash_tracks_only_what_the_lock_depends_on(recipes_dir: Path) -> 
     )
     assert after[0] == before[0], "another target's change does not stale this lock"
     assert after[1] != before[1]
+
+
+def test_every_toml_file_is_read_by_one_reader_each_failure_one_line(tmp_path: Path) -> None:
+    """Recipes, prune rules, locks and the facts file go through recipes.read_toml: a missing or malformed
+    file is one line naming it, in the error its kind calls for."""
+    from vllm_bundle.errors import LockError, LockMissingError
+    from vllm_bundle.inputs.facts import load_facts
+    from vllm_bundle.inputs.lockfile import read_lock
+    from vllm_bundle.recipes import read_toml
+    from vllm_bundle.tree.prune import load_prune_rules
+
+    bad = "x = [\n"
+    (tmp_path / "components.toml").write_text(bad)
+    (tmp_path / "ok.toml").write_text('a = "b"\n')
+    assert read_toml(tmp_path / "ok.toml") == {"a": "b"}
+    with pytest.raises(RecipeError, match=r"^recipe file .*/nothing\.toml is missing \(restore it"):
+        read_toml(tmp_path / "nothing.toml")
+    with pytest.raises(RecipeError, match=r"^bad recipe components\.toml: not valid TOML: "):
+        read_toml(tmp_path / "components.toml")
+    with pytest.raises(RecipeError, match=r"^recipe file .*/prune\.toml is missing"):
+        load_prune_rules(tmp_path)
+    (tmp_path / "prune.toml").write_text(bad)
+    with pytest.raises(RecipeError, match=r"^bad recipe prune\.toml: not valid TOML: "):
+        load_prune_rules(tmp_path)
+    with pytest.raises(LockMissingError, match=r"^no lock for stable/gfx1151 at .*gfx1151\.toml \(make it with"):
+        read_lock(tmp_path / "locks", "stable", "gfx1151")
+    (tmp_path / "locks" / "stable").mkdir(parents=True)
+    (tmp_path / "locks" / "stable" / "gfx1151.toml").write_text(bad)
+    with pytest.raises(LockError, match=r"gfx1151\.toml is not valid TOML \(.*\) \(re-lock instead"):
+        read_lock(tmp_path / "locks", "stable", "gfx1151")
+    with pytest.raises(RecipeError, match=r"^no facts file at .*/facts\.toml"):
+        load_facts(tmp_path / "facts.toml")
+    with pytest.raises(RecipeError, match=r"^bad facts file .*/components\.toml: .* \(see the file's header"):
+        load_facts(tmp_path / "components.toml")

@@ -344,3 +344,26 @@ def test_the_repository_defaults_to_the_checkouts_github_origin(
         monkeypatch.setenv("GIT_DIR", str(clone / ".git"))
         assert default_repo(None) == repo, url
         assert default_repo("other/repo") == "other/repo"
+
+
+def test_every_json_file_is_written_in_one_form_the_oci_documents_in_theirs(tmp_path: Path) -> None:
+    """release.json, backend_versions.json, image.json, the base lock, tier 0's report and a stage's stamp
+    come from manifests.dump_json: sorted keys, two-space indent, ASCII, a trailing newline. Their bytes
+    must not change (published assets are compared byte for byte); the OCI documents keep their compact
+    form, whose bytes their digests are of."""
+    from vllm_bundle.manifests import dump_json
+    from vllm_bundle.oci.layout import canonical_json
+    from vllm_bundle.qualify.tier0 import CheckResult, Report
+    from vllm_bundle.tree.stage import run_stage
+
+    doc = {"b": [1, {"é": None, "a": True}], "a": "x"}
+    assert (
+        dump_json(doc)
+        == b'{\n  "a": "x",\n  "b": [\n    1,\n    {\n      "a": true,\n      "\\u00e9": null\n    }\n  ]\n}\n'
+    )
+    assert canonical_json(doc) == '{"a":"x","b":[1,{"a":true,"é":null}]}'.encode()
+    report = Report("gfx1151", [CheckResult("names", True, "ok")])
+    assert report.to_json() == dump_json(json.loads(report.to_json()))
+    run_stage(tmp_path / "out", "demo", 1, {"where": tmp_path}, lambda tmp: {"n": 1})
+    stamp = (tmp_path / ".out.stage.json").read_bytes()
+    assert stamp == dump_json(json.loads(stamp)) and json.loads(stamp)["inputs"] == {"where": str(tmp_path)}

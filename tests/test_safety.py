@@ -35,7 +35,7 @@ from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.errors import BundleError
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.vllm_source import prepare_source
-from vllm_bundle.util.fetch import sha256_of
+from vllm_bundle.util.fsutil import sha256_file
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -197,7 +197,7 @@ def test_python_stage_refuses_a_symlink_chain_out_of_the_tree(tmp_path: Path, la
     tarball = _tarball(tmp_path / "cpython.tar.gz", [ok, *_symlink_chain("python", landing)])
     build = tmp_path / "build" / "gfx1151"
     with pytest.raises(BundleError, match="refusing to extract"):
-        python_stage(tarball, sha256_of(tarball), PYTHON_MINOR, build / "python")
+        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, build / "python")
     assert not landing.exists(), "nothing written outside the stage"
     assert not (build / "python").exists() and not (build / ".python.stage.json").exists()
 
@@ -213,7 +213,7 @@ def test_vllm_source_stage_refuses_a_link_out_of_the_tree(tmp_path: Path, landin
     sdist = _tarball(tmp_path / "vllm-0.33.0.tar.gz", members)
     out = tmp_path / "build" / "gfx1151" / "vllm-src"
     with pytest.raises(BundleError, match="refusing to extract"):
-        prepare_source(sdist, sha256_of(sdist), "0.33.0", REPO / "patches" / "vllm", out, frozenset({"gfx1151"}))
+        prepare_source(sdist, sha256_file(sdist), "0.33.0", REPO / "patches" / "vllm", out, frozenset({"gfx1151"}))
     assert not landing.exists() and not (out.parent / "vllm-bundle-escaped").exists()
     assert not out.exists()
 
@@ -344,7 +344,7 @@ def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
     assert (site / "sentencepiece" / "republished.py").is_file(), "the bundle has the new bytes"
     sbom = json.loads(next((build.parent / "bundles").glob("*/*.cdx.json")).read_text())
     entry = next(c for c in sbom["components"] if c["name"] == "sentencepiece")
-    assert entry["hashes"][0]["content"] == sha256_of(new)
+    assert entry["hashes"][0]["content"] == sha256_file(new)
 
 
 def test_a_truncated_staged_wheel_is_replaced_from_the_cache(
@@ -392,7 +392,7 @@ def test_a_corrupt_cpython_blob_is_refused_before_extraction_and_healed_by_verif
 def test_a_corrupt_wheel_blob_is_one_line(locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path) -> None:
     build, cache = _private(built, tmp_path)
     (staged,) = (build / "gfx1151" / ".wheels").glob("pydantic-*.whl")
-    digest = sha256_of(staged)
+    digest = sha256_file(staged)
     _corrupt(cache / "blobs" / "sha256" / digest[:2] / digest)
     result = run_cli(*bundle_args(locked, upstream, build, cache), "--force", "site", timeout=300)
     assert_one_line_error(result, staged.name, "does not match its sha256", "--verify-cache")
@@ -402,7 +402,7 @@ def test_install_re_hashes_a_corrupt_cached_part(built: Path, tmp_path: Path) ->
     assets, cache = built.parent / "bundles" / TAG, tmp_path / "cache"
     assert install(assets, tmp_path / "first", cache).returncode == 0
     part = sorted(assets.glob(f"{STEM}.part*-of-*.tar.gz"))[1]
-    _corrupt(cache / "blobs" / "sha256" / sha256_of(part)[:2] / sha256_of(part))
+    _corrupt(cache / "blobs" / "sha256" / sha256_file(part)[:2] / sha256_file(part))
     result = install(assets, tmp_path / "second", cache)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "does not match its sha256" in result.stderr + result.stdout

@@ -35,7 +35,7 @@ from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.assemble import Layout, install_wheels
 from vllm_bundle.util.elf import dynamic_info
-from vllm_bundle.util.fetch import sha256_of
+from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
@@ -158,7 +158,7 @@ def test_pages_without_hashes_still_give_verified_pins(
     )
     wheel = _package(_pylock(recipes_dir), "rocm-sdk-libraries")["wheels"][0]
     served = fixture_tree.files[wheel["url"].rsplit("/", 1)[-1]]
-    assert wheel["hashes"]["sha256"] == sha256_of(served) and wheel["size"] == served.stat().st_size
+    assert wheel["hashes"]["sha256"] == sha256_file(served) and wheel["size"] == served.stat().st_size
 
 
 def test_the_locks_hashing_downloads_resume_show_progress_and_run_several_at_a_time(

@@ -20,7 +20,7 @@ from vllm_bundle.errors import PatchError
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.patches import apply_series, read_series
 from vllm_bundle.tree.vllm_source import extract_sdist, outcomes_of, prepare_source
-from vllm_bundle.util.fetch import sha256_of
+from vllm_bundle.util.fsutil import sha256_file
 
 PINNED = load_recipes(REPO / "recipes").vllm.version
 PATCHES = REPO / "patches" / "vllm"
@@ -49,7 +49,7 @@ ISAS = load_recipes(REPO / "recipes").all_isas
 
 def prepare(vllm_sdist: Callable[[str], Path], version: str, out: Path, patches: Path = PATCHES):  # type: ignore[no-untyped-def]
     sdist = vllm_sdist(version)
-    return prepare_source(sdist, sha256_of(sdist), version, patches, out, ISAS)
+    return prepare_source(sdist, sha256_file(sdist), version, patches, out, ISAS)
 
 
 @pytest.fixture(scope="module")

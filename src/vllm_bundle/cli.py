@@ -8,7 +8,6 @@ exit; only bugs in this tool show a traceback.
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import math
 import os
@@ -25,6 +24,7 @@ from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.tree.stage import OPTIONAL_STAGES, STAGES
 from vllm_bundle.util.cache import CACHE_ENV, default_cache_dir
 from vllm_bundle.util.ci import GitHubActions
+from vllm_bundle.util.fsutil import is_disk_full
 from vllm_bundle.util.transport import RetryPolicy
 
 DEFAULT_CHANNEL = "stable"
@@ -525,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(_one_line(str(err)), err.exit_code, ci)
     except OSError as err:
         # Downloads, extraction and stages name what filled up; this catches every other write.
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not is_disk_full(err):
             raise
         where = f" writing {err.filename}" if err.filename else ""
         return _fail(f"no space left on device{where} (free space and run again)", DiskFullError.exit_code, ci)

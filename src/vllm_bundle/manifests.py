@@ -5,17 +5,17 @@ All are written with sorted keys and a trailing newline, so the same inputs give
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import ManifestError
+from vllm_bundle.util.fsutil import atomic_write, sha256_file
 from vllm_bundle.util.validate import sha256_hex
 
 RELEASE_JSON = "release.json"
@@ -36,8 +36,13 @@ def is_github_repo(repo: str) -> bool:
     return bool(GITHUB_REPO.fullmatch(repo)) and repo.split("/")[1] not in (".", "..")
 
 
-def dump_json(data: Mapping[str, Any]) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+def dump_json(data: Mapping[str, Any], *, default: Callable[[Any], Any] | None = None) -> bytes:
+    """The one form every JSON file of this tool is written in (release.json, backend_versions.json, the
+    image's image.json and base lock, tier 0's report, a stage's stamp): keys sorted, two-space indent,
+    ASCII only, a trailing newline; the same data gives the same bytes. ``default`` turns what JSON has
+    no type for into something it has (a stamp's inputs: ``str``). OCI documents are the exception: their
+    digest is of the bytes, which :func:`vllm_bundle.oci.layout.canonical_json` keeps compact."""
+    return (json.dumps(data, indent=2, sort_keys=True, default=default) + "\n").encode()
 
 
 def public_version(version: str) -> str:
@@ -65,11 +70,6 @@ def part_name(stem: str, number: int, count: int) -> str:
     return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
 
 
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def sha256sums(directory: Path, names: Sequence[str]) -> bytes:
     return "".join(f"{sha256_file(directory / name)}  {name}\n" for name in sorted(names)).encode()
 
@@ -77,9 +77,7 @@ def sha256sums(directory: Path, names: Sequence[str]) -> bytes:
 def write_sha256sums(directory: Path) -> None:
     """``SHA256SUMS`` of every other (non-hidden) file in ``directory``, written atomically."""
     names = [p.name for p in directory.iterdir() if p.is_file() and p.name != SHA256SUMS and p.name[0] != "."]
-    tmp = directory / f".{SHA256SUMS}.tmp"
-    tmp.write_bytes(sha256sums(directory, names))
-    tmp.replace(directory / SHA256SUMS)
+    atomic_write(directory / SHA256SUMS, sha256sums(directory, names))
 
 
 def check_repo(repo: str) -> None:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +21,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from vllm_bundle.errors import RecipeError, UnknownTargetError
+from vllm_bundle.errors import BundleError, RecipeError, UnknownTargetError
 
 #: Bumped whenever the meaning of a recipe value or the lock format changes: it is part of the
 #: recipe hash, so every lock made by an older tool shows as out of date.
@@ -320,13 +320,25 @@ class Table:
         return value
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(
+    path: Path,
+    *,
+    missing: Callable[[], BundleError] | None = None,
+    invalid: Callable[[tomllib.TOMLDecodeError], BundleError] | None = None,
+) -> dict[str, Any]:
+    """Every TOML file this tool reads (recipes, locks, the facts file, uv's resolutions), as a dict. A
+    missing or malformed one is one line: a RecipeError naming the recipe file, or for another kind of
+    file the error ``missing()`` or ``invalid(err)`` makes."""
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
+        if missing is not None:
+            raise missing() from None
         raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
     except tomllib.TOMLDecodeError as err:
+        if invalid is not None:
+            raise invalid(err) from None
         raise RecipeError(f"bad recipe {path.name}: not valid TOML: {err}") from None
 
 

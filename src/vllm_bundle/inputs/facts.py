@@ -9,7 +9,6 @@ above the target level), ``{rocm}`` ``{torch}`` ``{torchvision}`` ``{triton}`` (
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from rocm_bootstrap import PackagingLevel, device_dist_name, packaging_chain
 
 from vllm_bundle.errors import RecipeError
 from vllm_bundle.paths import default_facts
+from vllm_bundle.recipes import read_toml
 
 VERSION_KEYS = ("rocm", "torch", "torchvision", "triton")
 VERSION_PROJECTS = {"rocm": "rocm-sdk-core", "torch": "torch", "torchvision": "torchvision", "triton": "triton"}
@@ -147,15 +147,18 @@ def _index(name: str, entry: Mapping[str, Any]) -> IndexFacts:
 def load_facts(path: Path | None = None) -> Facts:
     """The facts file (default: the checkout's tests/upstream/facts.toml); a malformed one is one line."""
     path = path or default_facts()
+    hint = "see the file's header for its shape"
+    doc = read_toml(
+        path,
+        missing=lambda: RecipeError(f"no facts file at {path}", "run from a checkout, or pass --facts FILE"),
+        invalid=lambda err: RecipeError(f"bad facts file {path}: {err}", hint),
+    )
     try:
-        doc = tomllib.loads(path.read_text())
         return Facts(
             indexes={name: _index(name, entry) for name, entry in doc["indexes"].items()},
             therock=tuple(_project(entry) for entry in doc["therock"]),
             pypi=tuple(_project(entry) for entry in doc["pypi"]),
             cpython=CPythonFacts(doc["cpython"]["asset"], doc["cpython"]["checksums"], doc["cpython"]["source"]),
         )
-    except FileNotFoundError:
-        raise RecipeError(f"no facts file at {path}", "run from a checkout, or pass --facts FILE") from None
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as err:
-        raise RecipeError(f"bad facts file {path}: {err}", "see the file's header for its shape") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise RecipeError(f"bad facts file {path}: {err}", hint) from None

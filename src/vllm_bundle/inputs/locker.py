@@ -27,7 +27,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -66,7 +65,7 @@ from vllm_bundle.inputs.therock import (
 )
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.inputs.triton_kernels import lock_archive
-from vllm_bundle.recipes import Channel, Recipes, Target
+from vllm_bundle.recipes import Channel, Recipes, Target, read_toml
 from vllm_bundle.util.fetch import UNREACHABLE_HINT, Artifact, Fetcher, Source, mirror_source
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.progress import human_size
@@ -108,7 +107,7 @@ def get_text(session: requests.Session, source: Source) -> str:
     assert source.url is not None
     check_url(source.url)
     try:
-        response = session.get(source.url, timeout=60)
+        response = session.get(source.url)
     except requests.RequestException as err:
         raise NetworkError(f"cannot download {source.url}: {describe(err)}", UNREACHABLE_HINT) from None
     if response.status_code != 200:
@@ -311,10 +310,19 @@ def _trim_size_and_hash(
     return pylock
 
 
+def _read_resolution(path: Path) -> dict[str, Any]:
+    """The pylock uv resolved into ``path``."""
+    return read_toml(
+        path,
+        missing=lambda: LockError(f"uv wrote no resolution at {path}", "run the lock again"),
+        invalid=lambda err: LockError(f"uv's resolution {path} is not valid TOML ({err})", "run the lock again"),
+    )
+
+
 def _content_length(fetcher: Fetcher, url: str) -> int:
     check_url(url)
     try:
-        response = fetcher.session.head(url, allow_redirects=True, timeout=60)
+        response = fetcher.session.head(url, allow_redirects=True)
     except requests.RequestException as err:
         raise NetworkError(f"cannot reach {url} to read its size: {describe(err)}", UNREACHABLE_HINT) from None
     length = response.headers.get("Content-Length")
@@ -408,8 +416,7 @@ def _resolve_wheels(
     run_uv_compile(inputs, resolved, recipes, where, channel, pypi, fetcher.cache.root / "uv")
     measured = Measured()
     unpublished = _unpublished_hashes(fetcher, therock, owned)
-    with resolved.open("rb") as handle:
-        pylock = _trim_size_and_hash(tomllib.load(handle), recipes, fetcher, measured, unpublished)
+    pylock = _trim_size_and_hash(_read_resolution(resolved), recipes, fetcher, measured, unpublished)
     build = _resolve_build_group(recipes, target, channel, fetcher, sources, work, pylock, owned, vllm, measured)
     if build:
         pylock["dependency-groups"] = [BUILD_GROUP]
@@ -446,15 +453,12 @@ def _resolve_hosts(
     run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", no_deps=True)
     ranking = {tag: i for i, tag in enumerate(supported_tags(recipes.python.minor, recipes.python.platform))}
     hosts: dict[str, Host] = {}
-    with resolved.open("rb") as handle:
-        for package in tomllib.load(handle).get("packages", []):
-            wheel = best_wheel(package, ranking)
-            if wheel is None:
-                raise LockError(
-                    f"{package['name']} {package['version']} has no wheel for this bundle", "check the index"
-                )
-            name = str(canonicalize_name(package["name"]))
-            hosts[name] = read_host(fetcher.session, package["name"], package["version"], wheel["url"], target.isas)
+    for package in _read_resolution(resolved).get("packages", []):
+        wheel = best_wheel(package, ranking)
+        if wheel is None:
+            raise LockError(f"{package['name']} {package['version']} has no wheel for this bundle", "check the index")
+        name = str(canonicalize_name(package["name"]))
+        hosts[name] = read_host(fetcher.session, package["name"], package["version"], wheel["url"], target.isas)
     return hosts
 
 
@@ -495,8 +499,7 @@ def _resolve_build_group(
     resolved = where / "pylock.resolved.toml"
     label = f"{target.name}/{channel.name} (build)"
     run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", constraints)
-    with resolved.open("rb") as handle:
-        packages = tomllib.load(handle).get("packages", [])
+    packages = _read_resolution(resolved).get("packages", [])
     only: list[dict[str, Any]] = []
     for package in packages:
         name = canonicalize_name(package["name"])

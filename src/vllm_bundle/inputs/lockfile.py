@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.errors import BundleError, LockError, LockMissingError
+from vllm_bundle.recipes import read_toml
 from vllm_bundle.util.fetch import Artifact
 from vllm_bundle.util.validate import sha256_hex
 
@@ -95,16 +95,14 @@ def content_digest(doc: Mapping[str, Any]) -> str:
 
 
 def _load_toml(path: Path, what: str) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise LockMissingError(
+    return read_toml(
+        path,
+        missing=lambda: LockMissingError(
             f"no {what} at {path}",
             "make it with `nox -s lock -- <target> --channel <channel>` where upstream is reachable",
-        ) from None
-    except tomllib.TOMLDecodeError as err:
-        raise LockError(f"{path} is not valid TOML ({err})", "re-lock instead of editing by hand") from None
+        ),
+        invalid=lambda err: LockError(f"{path} is not valid TOML ({err})", "re-lock instead of editing by hand"),
+    )
 
 
 def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[str, Any]]:
@@ -121,7 +119,7 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
             f"{lock_path} was edited by hand (its content-sha256 does not match its fields)",
             "re-lock instead of editing lock files by hand",
         )
-    _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
+    pylock = _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
     pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
     if pylock_sha != doc.get("pylock-sha256"):
         raise LockError(
@@ -145,8 +143,6 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         artifacts=artifacts,
         roles={e.text("role"): a.sha256 for e, a in zip(entries, artifacts, strict=True)},
     )
-    with pylock_path.open("rb") as handle:
-        pylock = tomllib.load(handle)
     check_pylock(pylock, pylock_path)
     try:
         Pylock.from_dict(pylock)

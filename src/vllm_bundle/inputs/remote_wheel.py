@@ -22,7 +22,6 @@ from vllm_bundle.util.fetch import UNREACHABLE_HINT
 from vllm_bundle.util.transport import check_url, describe
 
 BLOCK = 1 << 16  # bytes per range request (the central directory of a large wheel fits in a few)
-TIMEOUT = 60
 
 
 class _RangeFile(io.RawIOBase):
@@ -50,7 +49,7 @@ class _RangeFile(io.RawIOBase):
             return 0
         end = min(self.position + len(buffer), self.size) - 1
         try:
-            answer = self.session.get(self.url, headers={"Range": f"bytes={self.position}-{end}"}, timeout=TIMEOUT)
+            answer = self.session.get(self.url, headers={"Range": f"bytes={self.position}-{end}"})
         except requests.RequestException as err:
             raise NetworkError(f"cannot read {self.url}: {describe(err)}", UNREACHABLE_HINT) from None
         if answer.status_code != 206:
@@ -67,7 +66,7 @@ def open_wheel(session: requests.Session, url: str) -> zipfile.ZipFile:
     """The wheel at ``url`` as a zip file whose members are fetched when read."""
     check_url(url)
     try:
-        head = session.head(url, allow_redirects=True, timeout=TIMEOUT)
+        head = session.head(url, allow_redirects=True)
     except requests.RequestException as err:
         raise NetworkError(f"cannot reach {url}: {describe(err)}", UNREACHABLE_HINT) from None
     length = head.headers.get("Content-Length", "")

@@ -70,7 +70,7 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
     page = index.rstrip("/") + f"/{project}/"
     check_url(page)
     try:
-        response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"}, timeout=60)
+        response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"})
     except requests.RequestException as err:
         raise NetworkError(f"cannot read the index page {page}: {describe(err)}", UNREACHABLE_HINT) from None
     if response.status_code in MISSING:
@@ -105,7 +105,7 @@ def page_status(session: requests.Session, url: str) -> int:
     """The HTTP status of an index page (an index's root, or a project's page)."""
     check_url(url)
     try:
-        return session.get(url, headers={"Accept": "text/html"}, timeout=60).status_code
+        return session.get(url, headers={"Accept": "text/html"}).status_code
     except requests.RequestException as err:
         raise NetworkError(f"cannot read the index page {url}: {describe(err)}", UNREACHABLE_HINT) from None
 

@@ -17,13 +17,11 @@ swap killed half way is rolled back first.
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -34,13 +32,14 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.errors import DiskFullError, InstallError, ManifestError, NetworkError
+from vllm_bundle.errors import InstallError, ManifestError, NetworkError
 from vllm_bundle.manifests import RELEASE_JSON, json_kind, part_name, pinned_tag, read_backend_versions
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.parts import extract_parts
-from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session
+from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session, retrying
 from vllm_bundle.util.validate import sha256_hex
 
 VERSION_FILE = "version.txt"
@@ -76,6 +75,15 @@ class Release:
         return urlsplit(self.location).scheme in ("http", "https")
 
 
+#: How a small asset's download fails when the connection broke off (or stalled) midway.
+CUT_OFF = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+def _body_cut(err: Exception) -> bool:
+    """Worth fetching again: a body cut off midway (urllib3 has retried a host that cannot be reached)."""
+    return isinstance(err, CUT_OFF) and not is_connect_failure(err)
+
+
 def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
     """A small asset (manifest, partcount) from an URL prefix or a directory. A body cut off midway is
     fetched again (urllib3 already retries connect errors and 429/5xx answers)."""
@@ -88,19 +96,13 @@ def _read_asset(location: str, name: str, policy: RetryPolicy) -> bytes:
     url = location + quote(name)
     check_url(url)
     with make_session(policy) as session:
-        for attempt in range(1, policy.attempts + 1):
-            try:
-                answer = session.get(url, timeout=(policy.connect_timeout, policy.read_timeout))
-                if answer.status_code != 200:
-                    raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
-                return answer.content
-            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as err:
-                if attempt == policy.attempts or is_connect_failure(err):
-                    raise NetworkError(
-                        f"cannot download {url}: {describe(err)}", "check the URL and your network"
-                    ) from None
-                time.sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
+        try:
+            answer = retrying(policy, lambda: session.get(url), _body_cut)
+        except CUT_OFF as err:
+            raise NetworkError(f"cannot download {url}: {describe(err)}", "check the URL and your network") from None
+    if answer.status_code != 200:
+        raise InstallError(f"{url} answered HTTP {answer.status_code}", "check the release URL and tag")
+    return answer.content
 
 
 def _as_location(source: str) -> str:
@@ -402,15 +404,14 @@ def install_release(
     dest = dest.absolute()
     check_destination(dest)
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with _destination_lock(dest, say):
-            recover(dest, say)  # a swap cut short: the previous install back first
-            sweep(dest)  # what killed runs left beside it
-            check_destination(dest)  # again, now that no other installer can change it
-            installed = _install_locked(release, dest, fetcher, policy, say)
+        with raising_disk_full(f"the disk under {dest.parent} is full", "free space and retry"):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with _destination_lock(dest, say):
+                recover(dest, say)  # a swap cut short: the previous install back first
+                sweep(dest)  # what killed runs left beside it
+                check_destination(dest)  # again, now that no other installer can change it
+                installed = _install_locked(release, dest, fetcher, policy, say)
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"the disk under {dest.parent} is full", "free space and retry") from None
         where = err.filename or dest.parent
         raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
     if installed:

@@ -19,13 +19,13 @@ from typing import Any
 
 from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError, RegistryError
 from vllm_bundle.manifests import dump_json, read_json
-from vllm_bundle.oci.layout import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, sha256_digest, write_image
+from vllm_bundle.oci.layout import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, write_image
 from vllm_bundle.oci.registry import Reference, RegistryClient, mirrored, parse_document, platform_manifest
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.release.archive import archiver
 from vllm_bundle.tree.stage import StageResult, run_stage
-from vllm_bundle.util.cache import Cache, open_for_writing
+from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import RetryPolicy
 
@@ -144,18 +144,6 @@ def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
     return lock
 
 
-def _keep(cache: Cache, data: bytes) -> None:
-    """Small verified bytes (a manifest) into the cache, under their sha256."""
-    sha256 = sha256_digest(data).removeprefix("sha256:")
-    if cache.has(sha256, len(data)):
-        return
-    partial = cache.partial(sha256)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    with open_for_writing(partial) as handle:
-        handle.write(data)
-    cache.commit(partial, sha256)
-
-
 def _manifest_blobs(data: bytes, what: str) -> tuple[Descriptor, tuple[Descriptor, ...]]:
     manifest = parse_document(data, what)
     try:
@@ -177,7 +165,7 @@ def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | 
     diff_ids = (config_doc.get("rootfs") or {}).get("diff_ids") or []
     if len(diff_ids) != len(layers):
         raise RegistryError(f"{recipe.base}: its config lists {len(diff_ids)} layers, its manifest {len(layers)}")
-    _keep(cache, data)
+    cache.store(data, f"the manifest of {recipe.base}")
     lock = BaseLock(str(recipe.base), recipe.platform, index, Descriptor(media_type, digest, len(data)), config, layers)
     locks_dir.mkdir(parents=True, exist_ok=True)
     atomic_write(base_lock_path(locks_dir), dump_json(lock.to_json()))
@@ -201,7 +189,7 @@ def fetch_base(
     manifest_path = cache.blob(lock.manifest.digest.removeprefix("sha256:"))
     if lock.manifest in missing:
         data, _, _ = client.manifest(reference.repository, lock.manifest.digest)  # verified against the digest
-        _keep(cache, data)
+        cache.store(data, f"the manifest of {lock.reference}")
     config, layers = _manifest_blobs(manifest_path.read_bytes(), lock.reference)
     if (config.digest, [layer.digest for layer in layers]) != (lock.config.digest, [x.digest for x in lock.layers]):
         raise LockOutOfDateError(

@@ -17,10 +17,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import os
 import posixpath
 import re
-import shutil
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from vllm_bundle.release.archive import (
     tar_entry,
     tree_entries,
 )
+from vllm_bundle.util.fsutil import link_or_copy
 from vllm_bundle.util.tarstream import StreamTar
 
 INDEX = "application/vnd.oci.image.index.v1+json"
@@ -178,10 +177,7 @@ class Layout:
         target = self.blob_path(descriptor.digest)
         if target.exists():
             return
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copyfile(source, target)
+        link_or_copy(source, target)
 
     def finish(self, manifest: Descriptor) -> None:
         (self.root / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))

@@ -57,7 +57,17 @@ from vllm_bundle.oci.layout import (
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher, Source
 from vllm_bundle.util.progress import PlainReporter, Reporter
-from vllm_bundle.util.transport import RETRY_STATUSES, RetryPolicy, check_url, describe, is_loopback, make_session
+from vllm_bundle.util.transport import (
+    RETRY_STATUSES,
+    RetryPolicy,
+    RetryStatus,
+    check_url,
+    describe,
+    is_loopback,
+    make_session,
+    raise_for_retry_status,
+    retrying,
+)
 
 MANIFEST_TYPES = (INDEX, MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 REFERENCE = re.compile(
@@ -167,22 +177,14 @@ class RegistryClient:
         if token:
             headers["Authorization"] = token
         try:
-            response = self.session.request(
-                method, url, headers=headers, timeout=(self.policy.connect_timeout, self.policy.read_timeout), **kwargs
-            )
+            response = self.session.request(method, url, headers=headers, **kwargs)
             if response.status_code == 401 and "www-authenticate" in response.headers:
                 self._tokens[scope] = self._authorize(response.headers["www-authenticate"], scope)
                 headers["Authorization"] = self._tokens[scope]
                 rewind = getattr(kwargs.get("data"), "seek", None)
                 if rewind is not None:  # a file body was read by the refused attempt
                     rewind(0)
-                response = self.session.request(
-                    method,
-                    url,
-                    headers=headers,
-                    timeout=(self.policy.connect_timeout, self.policy.read_timeout),
-                    **kwargs,
-                )
+                response = self.session.request(method, url, headers=headers, **kwargs)
         except requests.RequestException as err:
             raise NetworkError(
                 f"cannot reach {self.base_url}: {describe(err)}", "check the registry address and the network"
@@ -299,19 +301,13 @@ class RegistryClient:
 
     def _with_retries(self, what: str, attempt_once: Callable[[], requests.Response]) -> requests.Response:
         """Uploads are POST/PUT, which urllib3 does not retry: the whole request is tried again."""
-        for attempt in range(1, self.policy.attempts + 1):
-            try:
-                response = attempt_once()
-            except NetworkError:
-                if attempt == self.policy.attempts:
-                    raise
-                self.sleep(self.policy.delay(attempt))
-                continue
-            if response.status_code not in RETRY_STATUSES or attempt == self.policy.attempts:
-                return self._check(response, what)
-            after = response.headers.get("retry-after", "")
-            self.sleep(min(self.policy.max_backoff, float(after)) if after.isdigit() else self.policy.delay(attempt))
-        raise AssertionError("unreachable")
+        try:
+            response = retrying(
+                self.policy, lambda: raise_for_retry_status(attempt_once()), _upload_failed, sleep=self.sleep
+            )
+        except RetryStatus as last:
+            response = last.response
+        return self._check(response, what)
 
     def push_blob(
         self,
@@ -383,40 +379,43 @@ class RegistryClient:
         After a failed chunk the session's Range says where to go on; only that chunk is sent again."""
         scope = f"repository:{repository}:pull,push"
         what = f"cannot upload {descriptor.digest} to {repository}"
-        location, offset, failures = self._start_upload(repository, scope), 0, 0
-        with open_body() as body:
-            while offset < descriptor.size:
-                body.seek(offset)
-                chunk = body.read(min(self.chunk_size, descriptor.size - offset))
-                headers = {
-                    "Content-Type": "application/octet-stream",
-                    "Content-Range": f"{offset}-{offset + len(chunk) - 1}",
-                    "Content-Length": str(len(chunk)),
-                }
-                try:
-                    response: requests.Response | None = self._send(
-                        "PATCH", location, scope, data=chunk, headers=headers
-                    )
-                except NetworkError:
-                    response = None
-                if response is not None and response.status_code == 202:
-                    location, offset, failures = (
-                        self._absolute(response.headers.get("location", location)),
-                        offset + len(chunk),
-                        0,
-                    )
-                    progress.at(offset)
-                    continue
-                if response is not None and response.status_code not in RETRY_STATUSES:
-                    self._check(response, what)
-                failures += 1
-                if failures >= self.policy.attempts:
-                    raise NetworkError(f"{what}: {failures} tries failed at byte {offset}", "try again later")
-                self.sleep(self.policy.delay(failures))
+        location, offset, failed = self._start_upload(repository, scope), 0, ""
+
+        def send_chunk() -> None:
+            nonlocal location, offset, failed
+            if failed:  # after a failure, go on from where the session stands
                 location, known = self._upload_state(repository, location, scope)
                 offset = offset if known < 0 else known
-                reason = "the connection dropped" if response is None else f"HTTP {response.status_code}"
-                progress.retry(offset, f"a chunk failed ({reason})")
+                progress.retry(offset, f"a chunk failed ({failed})")
+                failed = ""
+            body.seek(offset)
+            chunk = body.read(min(self.chunk_size, descriptor.size - offset))
+            headers = {
+                "Content-Type": "application/octet-stream",
+                "Content-Range": f"{offset}-{offset + len(chunk) - 1}",
+                "Content-Length": str(len(chunk)),
+            }
+            response = self._send("PATCH", location, scope, data=chunk, headers=headers)
+            if response.status_code == 202:
+                location, offset = self._absolute(response.headers.get("location", location)), offset + len(chunk)
+                progress.at(offset)
+                return
+            if response.status_code not in RETRY_STATUSES:
+                self._check(response, what)
+            raise RetryStatus(response)
+
+        def note_failure(err: Exception, failures: int) -> None:
+            nonlocal failed
+            failed = str(err) if isinstance(err, RetryStatus) else "the connection dropped"
+
+        with open_body() as body:
+            while offset < descriptor.size:
+                try:
+                    retrying(self.policy, send_chunk, _upload_failed, on_failure=note_failure, sleep=self.sleep)
+                except (NetworkError, RetryStatus):
+                    raise NetworkError(
+                        f"{what}: {self.policy.attempts} tries failed at byte {offset}", "try again later"
+                    ) from None
         self._with_retries(
             what,
             lambda: self._send(
@@ -445,6 +444,11 @@ class RegistryClient:
                 f"{repository}:{reference} was stored as {stored}, not {digest}", "the registry altered the manifest"
             )
         return response
+
+
+def _upload_failed(err: Exception) -> bool:
+    """An upload's try that may pass when made again: the registry unreachable or answering 429/5xx."""
+    return isinstance(err, NetworkError | RetryStatus)
 
 
 def _with_digest(location: str, digest: str) -> str:

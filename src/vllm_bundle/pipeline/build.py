@@ -19,7 +19,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_bundle.inputs.locker import check_lock
 from vllm_bundle.inputs.lockfile import Lock, build_only, read_lock, wheel_artifacts
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
-from vllm_bundle.manifests import check_repo, release_tag, sha256_file
+from vllm_bundle.manifests import check_repo, release_tag
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.oci.layout import BaseImage
 from vllm_bundle.qualify.tier0 import REPORT, failure_message, load_rules, qualify_stage, read_report
@@ -35,7 +35,7 @@ from vllm_bundle.tree.toolchain import wrapper_template, zig_target
 from vllm_bundle.tree.vllm_build import RocmInputs, WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
-from vllm_bundle.util.fsutil import link_or_copy
+from vllm_bundle.util.fsutil import link_or_copy, sha256_file
 from vllm_bundle.util.progress import human_size
 
 

@@ -33,6 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from vllm_bundle.errors import MalformedRecordError, QualificationError, RecipeError
+from vllm_bundle.manifests import dump_json
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
@@ -85,7 +86,7 @@ class Report:
     def to_json(self) -> bytes:
         checks = [asdict(c) for c in self.checks]
         doc = {"tier": self.tier, "target": self.target, "passed": self.passed, "checks": checks}
-        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        return dump_json(doc)
 
 
 def manylinux_libraries(platform: str) -> frozenset[str]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import tomllib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from vllm_bundle.errors import RecipeError
+from vllm_bundle.recipes import read_toml
 
 PRUNE_FILE = "prune.toml"
 
@@ -28,13 +28,7 @@ class PruneRules:
 
 
 def load_prune_rules(recipes_dir: Path) -> PruneRules:
-    path = recipes_dir / PRUNE_FILE
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
-    except tomllib.TOMLDecodeError as err:
-        raise RecipeError(f"bad recipe {PRUNE_FILE}: not valid TOML: {err}") from None
+    doc = read_toml(recipes_dir / PRUNE_FILE)
     rules = {}
     for key in ("drop", "keep"):
         value = doc.get(key)

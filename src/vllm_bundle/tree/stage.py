@@ -9,7 +9,6 @@ finished, and an unchanged stage is skipped.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import shutil
@@ -23,8 +22,9 @@ from typing import Any
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from vllm_bundle.errors import DiskFullError, RecipeError
-from vllm_bundle.util.fsutil import atomic_write
+from vllm_bundle.errors import RecipeError
+from vllm_bundle.manifests import dump_json
+from vllm_bundle.util.fsutil import atomic_write, raising_disk_full
 
 #: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
 STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
@@ -97,17 +97,13 @@ def run_stage(
         if stamp and stamp.get("key") == key and not force:
             return StageResult(name, out, key, True, 0.0, stamp.get("details", {}))
         began = time.monotonic()
-        try:
+        with raising_disk_full(
+            f"the disk under {out.parent} filled up while building the {name} stage; nothing of it was kept",
+            "free space, or pass --build-dir on a larger disk",
+        ):
             details = _build_in_place(out, build)
             record = {"stage": name, "key": key, "inputs": inputs, "details": details}
-            atomic_write(_stamp_path(out), json.dumps(record, indent=2, sort_keys=True, default=str).encode())
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(
-                    f"the disk under {out.parent} filled up while building the {name} stage; nothing of it was kept",
-                    "free space, or pass --build-dir on a larger disk",
-                ) from None
-            raise
+            atomic_write(_stamp_path(out), dump_json(record, default=str))
     return StageResult(name, out, key, False, time.monotonic() - began, details)
 
 

@@ -24,7 +24,6 @@ code objects for every ISA of the target in each HIP one.
 
 from __future__ import annotations
 
-import errno
 import os
 import shlex
 import shutil
@@ -48,6 +47,7 @@ from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_wheel
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
+from vllm_bundle.util.fsutil import link_or_copy
 
 STAGE_VERSION = 2
 LOG_TAIL_LINES = 40
@@ -172,12 +172,7 @@ def _hard_link_file_symlinks(root: Path) -> None:
             continue
         target = path.resolve()
         staged = path.with_name(f".{path.name}.link")
-        try:
-            os.link(target, staged)
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                raise
-            shutil.copy2(target, staged)
+        link_or_copy(target, staged)
         staged.replace(path)
 
 

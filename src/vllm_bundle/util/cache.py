@@ -10,12 +10,21 @@ Layout under the cache root::
 Every key is checked to be a sha256 in hex before it names a file (a digest from a manifest could
 otherwise be ``../../somewhere``), and an entry that is a symbolic link is refused (a cache restored
 from elsewhere could point one at a user's file, which a download would then write through).
+
+Bytes enter the cache through :class:`Cache` only: :meth:`Cache.open_partial` (and the partial's meta
+file), :meth:`Cache.commit` once they are verified, or :meth:`Cache.store` for small bytes at once; a
+full disk on the way removes the partial file (:meth:`Cache.disk_full`). Only the fetcher resumes a
+partial file or reports progress.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,6 +32,7 @@ from filelock import FileLock
 from platformdirs import user_cache_dir
 
 from vllm_bundle.errors import CorruptCacheError
+from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.validate import sha256_hex
 
 CACHE_ENV = "VLLM_BUNDLE_CACHE_DIR"
@@ -92,15 +102,49 @@ class Cache:
             return False
         return size is None or actual == size
 
-    def commit(self, partial: Path, sha256: str) -> Path:
-        """Move verified bytes into place atomically (fsync first, so a crash cannot leave a torn blob)."""
-        final = self.blob(sha256)
+    def open_partial(self, key: str, *, append: bool = False, buffering: int = -1) -> BinaryIO:
+        """The partial file of ``key`` opened for writing (its folder made, never through a link): where
+        bytes wait until they are verified and committed."""
+        path = self.partial(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open_for_writing(path, append=append, buffering=buffering)
+
+    def write_partial_meta(self, key: str, meta: Mapping[str, object]) -> None:
+        """What the partial file of ``key`` came from (the URL and its validator), for a resume."""
+        path = self.partial_meta(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open_for_writing(path) as handle:
+            handle.write(json.dumps(meta).encode())
+
+    def commit(self, key: str, sha256: str | None = None) -> Path:
+        """Move the verified partial file of ``key`` into place as the blob ``sha256`` (by default ``key``),
+        atomically (fsync first, so a crash cannot leave a torn blob)."""
+        partial, final = self.partial(key), self.blob(sha256 or key)
         final.parent.mkdir(parents=True, exist_ok=True)
         with partial.open("rb") as handle:
             os.fsync(handle.fileno())
         partial.replace(final)
-        self.partial_meta(sha256).unlink(missing_ok=True)
+        self.partial_meta(key).unlink(missing_ok=True)
         return final
+
+    def store(self, data: bytes, what: str) -> Path:
+        """Small bytes (a manifest) in the cache under their own sha256, written unless present."""
+        sha256 = hashlib.sha256(data).hexdigest()
+        with self.lock(sha256):
+            if not self.has(sha256, len(data)):
+                with self.disk_full(sha256, what):
+                    with self.open_partial(sha256) as handle:
+                        handle.write(data)
+                    self.commit(sha256)
+        return self.blob(sha256)
+
+    def disk_full(self, key: str, what: str) -> AbstractContextManager[None]:
+        """A full disk while writing ``key`` (``what``, in the message) removes its partial file and is one line."""
+        return raising_disk_full(
+            f"disk full while downloading {what} into {self.root}; the partial file was removed",
+            "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
+            cleanup=lambda: self.discard_partial(key),
+        )
 
     def discard_partial(self, sha256: str) -> None:
         self.partial(sha256).unlink(missing_ok=True)

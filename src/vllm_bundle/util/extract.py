@@ -22,7 +22,6 @@ the standard library's own attempt; see above).
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
 import stat
@@ -30,7 +29,8 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from vllm_bundle.errors import DiskFullError, UnsafeArchiveError
+from vllm_bundle.errors import UnsafeArchiveError
+from vllm_bundle.util.fsutil import raising_disk_full
 
 CHUNK = 1 << 20
 
@@ -189,22 +189,21 @@ def safe_extract(
     state = _Extraction(dest)
     member: tarfile.TarInfo | None = None
     try:
-        for member in archive:
-            name = _final_name(member, top)
-            if name is None or name == "" or not select(name, member):
-                continue
-            _check_kind(member)
-            state.add(archive, member, name, top)
-        member = None
-        state.finish()
+        with raising_disk_full(f"the disk under {dest} filled up while extracting {source}", "free space"):
+            for member in archive:
+                name = _final_name(member, top)
+                if name is None or name == "" or not select(name, member):
+                    continue
+                _check_kind(member)
+                state.add(archive, member, name, top)
+            member = None
+            state.finish()
     except _Refused as why:
         entry = f"entry {why.entry or (member.name if member is not None else '?')!r}"
         raise UnsafeArchiveError(
             f"refusing to extract {source}: {entry} {why}", "this archive is not what the tool expects: do not use it"
         ) from None
     except OSError as err:
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"the disk under {dest} filled up while extracting {source}", "free space") from None
         raise UnsafeArchiveError(f"cannot extract {source}: {err.strerror or err}", "fetch it again") from None
     except (tarfile.TarError, EOFError, ValueError) as err:
         raise UnsafeArchiveError(f"cannot extract {source}: {err}", "it is damaged: fetch it again") from None

@@ -11,11 +11,9 @@ not do: resuming a body across broken connections, validating Content-Range, and
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -37,7 +35,8 @@ from vllm_bundle.errors import (
     NetworkError,
     OfflineMissingError,
 )
-from vllm_bundle.util.cache import Cache, open_for_writing
+from vllm_bundle.util.cache import Cache
+from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
@@ -46,6 +45,7 @@ from vllm_bundle.util.transport import (
     describe,
     is_connect_failure,
     make_session,
+    retrying,
 )
 
 CHUNK = 1 << 20
@@ -112,15 +112,10 @@ def _strong_validator(response: requests.Response) -> str | None:
     return response.headers.get("Last-Modified")
 
 
-def sha256_of(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def require_sha256(path: Path, sha256: str, filename: str) -> None:
     """A stage checks its input's bytes before using them: a cache damaged after the download (a disk
     error, a cache restored from elsewhere) must not end up in a bundle stamped complete."""
-    actual = sha256_of(path)
+    actual = sha256_file(path)
     if actual != sha256:
         raise CorruptCacheError(
             f"{filename} in the download cache does not match its sha256 (expected {sha256[:16]}…, got {actual[:16]}…)",
@@ -212,16 +207,17 @@ class Fetcher:
             self.reporter.begin(artifact.filename, artifact.filename, artifact.size, have)
             status = "error"
             try:
-                self._transfer(artifact, source, partial)
-                self._verify(artifact, partial, source)
-                path = self.cache.commit(partial, artifact.sha256)
+                with self.cache.disk_full(artifact.sha256, artifact.filename):
+                    self._transfer(artifact, source, partial)
+                    self._verify(artifact, partial, source)
+                    path = self.cache.commit(artifact.sha256)
                 status = "done"
                 return path
             except HashMismatchError:
                 self.cache.discard_partial(artifact.sha256)
                 raise
             except OSError as err:
-                raise self._disk_error(artifact, err) from None
+                raise self._write_error(artifact, err) from None
             finally:
                 self.reporter.finish(artifact.filename, status)
 
@@ -241,14 +237,14 @@ class Fetcher:
             self.reporter.begin(filename, filename, None, have)
             status = "error"
             try:
-                self._transfer(pending, source, partial)
-                sha256, size = sha256_of(partial), partial.stat().st_size
-                self.cache.commit(partial, sha256)
-                self.cache.discard_partial(where)
+                with self.cache.disk_full(where, filename):
+                    self._transfer(pending, source, partial)
+                    sha256, size = sha256_file(partial), partial.stat().st_size
+                    self.cache.commit(where, sha256)
                 status = "done"
                 return Artifact(name, filename, url, sha256, size)
             except OSError as err:
-                raise self._disk_error(pending, err) from None
+                raise self._write_error(pending, err) from None
             finally:
                 self.reporter.finish(filename, status)
 
@@ -265,14 +261,11 @@ class Fetcher:
         pool.shutdown()
         return {pin.url: pin for pin in pins}
 
-    def _timeouts(self) -> tuple[float, float]:
-        return (self.policy.connect_timeout, self.policy.read_timeout)
-
     def _cached(self, artifact: Artifact) -> bool:
         """A cache hit; with ``verify_cached``, one whose bytes still hash to the pin (else dropped)."""
         if not self.cache.has(artifact.sha256, artifact.size):
             return False
-        if not self.verify_cached or sha256_of(self.cache.blob(artifact.sha256)) == artifact.sha256:
+        if not self.verify_cached or sha256_file(self.cache.blob(artifact.sha256)) == artifact.sha256:
             return True
         self.reporter.note(f"cached {artifact.filename} does not match its sha256; dropped, downloading again")
         self.cache.blob(artifact.sha256).unlink(missing_ok=True)
@@ -322,7 +315,7 @@ class Fetcher:
 
     def _verify(self, artifact: Artifact, partial: Path, source: Source) -> None:
         size = partial.stat().st_size
-        actual = sha256_of(partial)
+        actual = sha256_file(partial)
         if actual == artifact.sha256 and (artifact.size is None or size == artifact.size):
             return
         self.cache.discard_partial(artifact.sha256)
@@ -351,73 +344,64 @@ class Fetcher:
         out.flush()
 
     def _transfer(self, artifact: Artifact, source: Source, partial: Path) -> None:
-        partial.parent.mkdir(parents=True, exist_ok=True)
         if source.path is not None:
-            self._copy_local(artifact, source.path, partial)
+            self._copy_local(artifact, source.path)
         else:
             assert source.url is not None
             self._download(artifact, source, partial)
 
-    def _disk_error(self, artifact: Artifact, err: OSError) -> BundleError:
-        """A write into the cache failed: a full disk removes the partial file, as promised."""
-        if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.cache.discard_partial(artifact.sha256)
-            return DiskFullError(
-                f"disk full while downloading {artifact.filename} into {self.cache.root}; the partial file was removed",
-                "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
-            )
+    def _write_error(self, artifact: Artifact, err: OSError) -> BundleError:
+        """A write into the cache failed for another reason than a full disk."""
         return FetchError(
             f"cannot write {artifact.filename} into the cache {self.cache.root}: {err.strerror}",
             "check the permissions of --cache-dir / $VLLM_BUNDLE_CACHE_DIR",
         )
 
-    def _copy_local(self, artifact: Artifact, path: Path, partial: Path) -> None:
+    def _copy_local(self, artifact: Artifact, path: Path) -> None:
         if not path.is_file():
             raise FetchError(
                 f"{artifact.filename} is not in the mirror directory {path.parent}",
                 "copy it there, or fetch without --mirror",
             )
-        with path.open("rb") as src, open_for_writing(partial) as out:
+        with path.open("rb") as src, self.cache.open_partial(artifact.sha256) as out:
             self._write(artifact, out, iter(lambda: src.read(CHUNK), b""))
 
     def _download(self, artifact: Artifact, source: Source, partial: Path) -> None:
         assert source.url is not None
         url = source.url
         meta_path = self.cache.partial_meta(artifact.sha256)
-        validator = self._load_validator(meta_path, url)
-        broken = 0
-        while True:
-            have = partial.stat().st_size if partial.exists() else 0
+
+        def kept() -> int:
+            return partial.stat().st_size if partial.exists() else 0
+
+        def once() -> None:
+            """One request, resuming from what the partial file holds (and the validator it came with)."""
+            validator = self._load_validator(meta_path, url)
+            have = kept()
             if artifact.size is not None and have >= artifact.size:
                 if have == artifact.size:
                     return
                 self.cache.discard_partial(artifact.sha256)  # longer than the pin: cannot be right
                 have = 0
-            try:
-                self._download_once(artifact, source, partial, have, validator, meta_path)
-                return
-            except _BodyBroken as err:
-                broken += 1
-                if broken >= self.policy.attempts:
-                    kept = partial.stat().st_size if partial.exists() else 0
-                    raise NetworkError(
-                        f"download of {artifact.filename} from {host_of(url)} kept breaking off "
-                        f"({err}); {human_size(kept)} kept for resuming",
-                        "run the same command again to resume, or " + UNREACHABLE_HINT,
-                    ) from None
-                now = partial.stat().st_size if partial.exists() else 0
-                self.reporter.restart(artifact.filename, now, str(err))
-                time.sleep(self.policy.delay(broken))
-                validator = self._load_validator(meta_path, url)
+            self._download_once(artifact, source, partial, have, validator)
+
+        try:
+            retrying(
+                self.policy,
+                once,
+                lambda err: isinstance(err, _BodyBroken),
+                on_failure=lambda err, failures: self.reporter.restart(artifact.filename, kept(), str(err)),
+            )
+        except _BodyBroken as err:
+            raise NetworkError(
+                f"download of {artifact.filename} from {host_of(url)} kept breaking off "
+                f"({err}); {human_size(kept())} kept for resuming",
+                "run the same command again to resume, or " + UNREACHABLE_HINT,
+            ) from None
 
     def _request(self, artifact: Artifact, url: str, headers: dict[str, str]) -> requests.Response:
         try:
-            return self.session.get(
-                url,
-                headers=headers,
-                stream=True,
-                timeout=(self.policy.connect_timeout, self.policy.read_timeout),
-            )
+            return self.session.get(url, headers=headers, stream=True)
         except requests.RequestException as err:
             if is_connect_failure(err):
                 raise NetworkError(
@@ -433,7 +417,6 @@ class Fetcher:
         partial: Path,
         have: int,
         validator: str | None,
-        meta_path: Path,
     ) -> None:
         assert source.url is not None
         url = source.url
@@ -450,9 +433,8 @@ class Fetcher:
                 raise _BodyBroken(f"server answered an unusable range {response.headers.get('Content-Range')}")
             if have and not resuming:
                 self.reporter.restart(artifact.filename, 0, "server ignored the range request; restarting")
-            with open_for_writing(meta_path) as meta:
-                meta.write(json.dumps({"url": url, "validator": _strong_validator(response)}).encode())
-            with open_for_writing(partial, append=resuming, buffering=0) as out:
+            self.cache.write_partial_meta(artifact.sha256, {"url": url, "validator": _strong_validator(response)})
+            with self.cache.open_partial(artifact.sha256, append=resuming, buffering=0) as out:
                 try:
                     self._write(artifact, out, self._body(response))
                 except (requests.RequestException, urllib3.exceptions.HTTPError) as err:

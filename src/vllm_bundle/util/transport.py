@@ -1,7 +1,10 @@
-"""HTTP transport: one requests session with urllib3 retries, and the URL policy.
+"""HTTP transport: one requests session with urllib3 retries and the policy's timeouts, and the URL policy.
 
 Connect errors, timeouts and 429/5xx answers are retried by urllib3 with exponential backoff (and
 Retry-After honoured); a connection that drops in the middle of a body is resumed by the fetcher.
+Every request of a session from :func:`make_session` has the policy's (connect, read) timeouts unless
+it names its own, so no call site spells out a number. What urllib3 does not retry (a body cut off
+midway, an upload's POST, PATCH or PUT) goes through the one hand-written loop, :func:`retrying`.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import http.client
 import ipaddress
 import socket
 import ssl
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -24,6 +29,7 @@ from vllm_bundle import __version__
 from vllm_bundle.errors import InsecureURLError
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -38,8 +44,56 @@ class RetryPolicy:
     connect_timeout: float = 15.0
     read_timeout: float = 60.0  # a stalled body is abandoned (and resumed) after this long
 
+    @property
+    def timeouts(self) -> tuple[float, float]:
+        """(connect, read) seconds: what every request of a session made with this policy waits."""
+        return (self.connect_timeout, self.read_timeout)
+
     def delay(self, attempt: int) -> float:
         return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
+
+
+class RetryStatus(Exception):
+    """An answer worth asking again (429, 5xx): ``response`` is it, ``retry_after`` the seconds its
+    Retry-After asks for, if it says."""
+
+    def __init__(self, response: requests.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+        after = response.headers.get("retry-after", "")
+        self.retry_after = float(after) if after.isdigit() else None
+
+
+def raise_for_retry_status(response: requests.Response) -> requests.Response:
+    """``response``, unless its status is one to ask again for (:class:`RetryStatus`)."""
+    if response.status_code in RETRY_STATUSES:
+        raise RetryStatus(response)
+    return response
+
+
+def retrying(
+    policy: RetryPolicy,
+    attempt: Callable[[], T],
+    transient: Callable[[Exception], bool],
+    *,
+    on_failure: Callable[[Exception, int], object] = lambda err, failures: None,
+    sleep: Callable[[float], object] = time.sleep,
+) -> T:
+    """``attempt()``, tried again while it fails with an exception ``transient`` says may pass, up to
+    ``policy.attempts`` tries in all. Between tries: ``on_failure(err, failures)``, then the policy's
+    backoff (or the ``retry_after`` seconds the exception carries, at most ``max_backoff``). The last
+    failure, or one that is not transient, is raised as it is."""
+    failures = 0
+    while True:
+        try:
+            return attempt()
+        except Exception as err:
+            failures += 1
+            if failures >= policy.attempts or not transient(err):
+                raise
+            on_failure(err, failures)
+            after: float | None = getattr(err, "retry_after", None)
+            sleep(min(policy.max_backoff, after) if after is not None else policy.delay(failures))
 
 
 def is_loopback(host: str | None) -> bool:
@@ -76,6 +130,26 @@ def _check_redirect(response: requests.Response, *args: object, **kwargs: object
         check_url(urljoin(response.url, response.headers["location"]), redirected_from=response.url)
 
 
+class _PolicyAdapter(HTTPAdapter):
+    """urllib3's retries, and the policy's timeouts for a request that names none (a requests session
+    has no timeout of its own: without one, a host that stops answering hangs the run)."""
+
+    def __init__(self, timeouts: tuple[float, float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.timeouts = timeouts
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        return super().send(request, stream, self.timeouts if timeout is None else timeout, verify, cert, proxies)
+
+
 def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
     retry = Retry(
         total=policy.attempts - 1,
@@ -90,7 +164,7 @@ def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
         respect_retry_after_header=True,
         raise_on_status=False,
     )
-    adapter = HTTPAdapter(max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
+    adapter = _PolicyAdapter(policy.timeouts, max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
     session = requests.Session()
     session.hooks["response"].append(_check_redirect)
     session.mount("https://", adapter)
