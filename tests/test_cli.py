@@ -134,3 +134,30 @@ def test_on_off_variables_read_0_as_off(monkeypatch: pytest.MonkeyPatch, value: 
 
     monkeypatch.setenv("VLLM_BUNDLE_VERIFY_CACHE", value)
     assert build_parser().parse_args(["fetch", "gfx1151"]).verify_cache is on
+
+
+def test_in_github_actions_each_stage_is_a_group(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The stage printer the build verbs use: in GitHub Actions, what a stage prints is folded under it."""
+    import argparse
+
+    from vllm_bundle.pipeline.console import stage_printer
+    from vllm_bundle.tree.stage import StageResult
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    starting, finished = stage_printer(argparse.Namespace(plain=True))
+    for name in ("python", "site"):
+        starting(name)
+        print(f"work of {name}")
+        finished(StageResult(name, tmp_path, "0" * 64, cached=name == "site", seconds=1.5, details={}))
+    assert capsys.readouterr().out.splitlines() == [
+        "::group::stage python",
+        "work of python",
+        "stage  python      built in 1.5 s",
+        "::endgroup::",
+        "::group::stage site",
+        "work of site",
+        "stage  site        cached",
+        "::endgroup::",
+    ]
