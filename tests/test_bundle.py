@@ -255,7 +255,8 @@ KILLER = textwrap.dedent("""
             details = build(tmp)  # the stage's work is done in its temporary directory...
             os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
         return original(out, name, version, inputs, dying, True)
-    for module in ("python_stage", "assemble", "vllm_source", "vllm_build", "qualify", "release"):
+    for module in ("tree.python_stage", "tree.assemble", "tree.vllm_source", "tree.vllm_build", "qualify.tier0",
+                   "release.assets"):
         __import__(f"vllm_bundle.{module}")
         setattr(sys.modules[f"vllm_bundle.{module}"], "run_stage", run_stage)
     from vllm_bundle.cli import main
