@@ -23,8 +23,8 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli, small_disk
-from tests.upstream.fixture import PYTHON_MINOR
+from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli, small_disk, tree_digest
+from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from tests.upstream.registry import BASE_REPOSITORY, RegistryServer, push_base, skopeo, write_base_layout
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.oci.image import image_reference
@@ -97,10 +97,18 @@ def layer_names(layout: Path, descriptor: dict[str, Any]) -> list[str]:
 
 
 def test_two_builds_give_the_same_image_digest_and_byte_identical_layers(
-    repro: tuple[subprocess.CompletedProcess[str], Path],
+    repro: tuple[subprocess.CompletedProcess[str], Path], built: Path
 ) -> None:
+    """The one verify-repro run of the suite (two full builds): the assets and the image are each
+    byte-identical across the two builds, and the assets are those of the suite's own first build."""
     result, runs = repro
     assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("build  1 of 2 (TZ=UTC, umask 022): "), "each build announced, then its output"
+    assert any(line.startswith("  2| stage  python") for line in lines), "the builds' lines shown as they come"
+    tag = f"vllm0.33.0-rocm{ROCM_VERSION}-{TARGET}"
+    assets = tree_digest(runs / "run2" / "bundles" / tag)
+    assert assets == tree_digest(built.parent / "bundles" / tag), "the same assets as the first build here"
     layouts = [runs / run / "build" / TARGET / "image" / "oci" for run in ("run1", "run2")]
     digests = [manifest_and_config(layout)[0] for layout in layouts]
     assert digests[0] == digests[1]

@@ -25,7 +25,6 @@ from tests.conftest import (
     assert_one_line_error,
     bundle_args,
     run_cli,
-    tree_digest,
 )
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import UpstreamServer
@@ -205,35 +204,6 @@ def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
         )
         digests.append(result.stdout.strip())
     assert digests[0] == digests[1]
-
-
-def test_two_builds_elsewhere_with_other_umask_and_tz_are_identical(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
-) -> None:
-    result = run_cli(
-        "verify-repro",
-        "gfx1151",
-        "--work",
-        tmp_path / "repro",
-        "--recipes",
-        locked,
-        "--cache-dir",
-        built.parent / "cache",
-        "--mirror",
-        f"{upstream.url}/mirror/",
-        "--repo",
-        TEST_REPO,
-        "--part-size",
-        str(PART_SIZE),
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "byte-identical" in result.stdout
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("build  1 of 2 (TZ=UTC, umask 022): "), "each build announced, then its output"
-    assert any(line.startswith("  2| stage  python") for line in lines), "the builds' lines shown as they come"
-    assets = tree_digest(tmp_path / "repro" / "run2" / "bundles" / TAG)
-    assert assets == tree_digest(built.parent / "bundles" / TAG), "the same assets as the first build here"
 
 
 def test_a_difference_names_the_member_and_field(built: Path, tmp_path: Path) -> None:
