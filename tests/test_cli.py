@@ -97,6 +97,7 @@ def test_debug_prints_the_traceback_of_a_user_error(tmp_path: Path) -> None:
     assert plain.stderr.strip().startswith("error: --host-root") and plain.stderr.count("\n") == 1
     for debug in (
         run_cli("--debug", "doctor", "--host-root", str(missing)),
+        run_cli("doctor", "--host-root", str(missing), "--debug"),
         run_cli("doctor", "--host-root", str(missing), env={"VLLM_BUNDLE_DEBUG": "1"}),
     ):
         assert debug.returncode == 1

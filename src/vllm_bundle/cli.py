@@ -317,6 +317,9 @@ def _verb_parser(
     """A verb: its one-line summary (listed once in the top-level help) and the function that runs it."""
     parser = verbs.add_parser(name, help=summary, description=summary, formatter_class=_Formatter)
     parser.set_defaults(run=run)
+    # Also after the verb, where a user adds it to the command that failed; SUPPRESS keeps the verb's
+    # parser from resetting a --debug given before the verb.
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
