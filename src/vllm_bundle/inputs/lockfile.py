@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import tomli_w
-from packaging.markers import Environment, default_environment
+from packaging.markers import Environment
 from packaging.pylock import PackageWheel, Pylock, PylockSelectError, PylockValidationError
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -288,22 +288,27 @@ def best_wheel(package: Mapping[str, Any], ranking: Mapping[Tag, int]) -> dict[s
     return best[1] if best else None
 
 
-def bundle_environment(python_minor: str, platform: str) -> Environment:
-    """The PEP 508 environment of the bundle's interpreter on its platform, for a lock's markers and
-    requires-python (the patch release is not known here: ``<minor>.0``, the lowest of the minor)."""
-    environment: Environment = {
-        **default_environment(),
+def bundle_environment(python_version: str, platform: str) -> Environment:
+    """The PEP 508 environment of the bundle's interpreter (CPython ``python_version``: ``3.11``, or a
+    full ``3.11.14``) on its platform (``x86_64-manylinux_2_35``), for a lock's markers and
+    requires-python and the SBOM's dependency edges. Every key is set, so the host building the bundle
+    never shows through; its kernel is unknown (``""``), and without a patch release the lowest of the
+    minor (``.0``) stands in."""
+    parts = python_version.split(".")
+    full = python_version if len(parts) >= 3 else f"{python_version}.0"
+    return {
         "implementation_name": "cpython",
-        "implementation_version": f"{python_minor}.0",
+        "implementation_version": full,
         "os_name": "posix",
         "platform_machine": platform.partition("-")[0],
         "platform_python_implementation": "CPython",
+        "platform_release": "",
         "platform_system": "Linux",
-        "python_full_version": f"{python_minor}.0",
-        "python_version": python_minor,
+        "platform_version": "",
+        "python_full_version": full,
+        "python_version": ".".join(parts[:2]),
         "sys_platform": "linux",
     }
-    return environment
 
 
 def wheel_artifacts(

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import cyclonedx
 from cyclonedx.contrib.license.exceptions import InvalidLicenseExpressionException, InvalidSpdxLicenseException
@@ -48,9 +49,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from vllm_bundle.inputs.lockfile import bundle_environment
+
 SBOM_NAMESPACE = uuid.UUID("6f1c1a52-8d0b-4a3e-9f5e-2b7d2f0c7a10")  # fixed: serials derive from content
 SCHEMA = SchemaVersion.V1_6
 LICENSES = LicenseFactory()
+#: The platform the bundle's CPython runs on, for the markers of its distributions' requirements.
+PLATFORM = "x86_64-linux"
 #: Trove licence classifiers that name exactly one SPDX licence (most do not: "Apache Software
 #: License" has no version, "BSD License" no clause count); others go through as named licences.
 CLASSIFIER_IDS = {
@@ -157,24 +162,6 @@ def licenses(metadata: email.message.Message) -> list[License]:
         c.split("::")[-1].strip() for c in metadata.get_all("Classifier") or [] if c.startswith("License ::")
     }
     return [_id_or_name(name) for name in sorted(classifiers)]
-
-
-def marker_environment(python_version: str) -> dict[str, str]:
-    """The bundle's interpreter for PEP 508 markers (CPython on x86_64 Linux), not the one building
-    the SBOM: every key is set, so the host never shows through. Its kernel is unknown ("")."""
-    return {
-        "implementation_name": "cpython",
-        "implementation_version": python_version,
-        "os_name": "posix",
-        "platform_machine": "x86_64",
-        "platform_python_implementation": "CPython",
-        "platform_release": "",
-        "platform_system": "Linux",
-        "platform_version": "",
-        "python_full_version": python_version,
-        "python_version": ".".join(python_version.split(".")[:2]),
-        "sys_platform": "linux",
-    }
 
 
 def _requirements(dist: Distribution) -> list[Requirement]:
@@ -328,7 +315,8 @@ def build_sbom(
             standalone.append(component)
         tops.append(component.bom_ref)
     root = Component(type=ComponentType.APPLICATION, name="vllm-bundle", version=tag, bom_ref=tag)
-    graph = dependency_graph(dists, marker_environment(versions["python"]))
+    environment = cast("Mapping[str, str]", bundle_environment(versions["python"], PLATFORM))  # every value a str
+    graph = dependency_graph(dists, environment)
     edges = {components[key].bom_ref: [components[k].bom_ref for k in deps] for key, deps in graph.items()}
     edges[root.bom_ref] = tops
     bom = Bom(
