@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_bundle.errors import EXIT_CODES, BundleError, DiskFullError, InstallError, LockError, RecipeError
+from tests.test_docs import error_classes
+from vllm_bundle.errors import EXIT_CODES, DiskFullError, InstallError, LockError, RecipeError
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.ci import GitHubActions
 
@@ -87,7 +88,11 @@ def test_every_error_class_has_a_documented_exit_code() -> None:
     assert InstallError.exit_code == 8
     assert set(EXIT_CODES.values()) == set(range(1, 9))
     assert not issubclass(DiskFullError, LockError | RecipeError), "disk full is its own kind"
-    assert all(issubclass(BundleError, BundleError) for _ in EXIT_CODES)
+    defined = {cls.__name__: cls.__module__ for cls in error_classes()}
+    assert {name: module for name, module in defined.items() if module != "vllm_bundle.errors"} == {}, (
+        "every error class lives in errors.py"
+    )
+    assert set(defined) == set(EXIT_CODES), "EXIT_CODES names every class the package defines"
 
 
 def test_debug_prints_the_traceback_of_a_user_error(tmp_path: Path) -> None:

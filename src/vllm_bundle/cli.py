@@ -8,6 +8,7 @@ exit; only bugs in this tool show a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import math
 import os
@@ -152,8 +153,10 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+@functools.cache
 def _targets_line() -> str:
-    """The valid targets, for the target argument's help (read from the packaged recipes)."""
+    """The valid targets, for the target argument's help (read from the packaged recipes, once: nine
+    verbs show them)."""
     from vllm_bundle.recipes import load_targets
 
     try:
