@@ -442,7 +442,9 @@ def test_the_cli_reads_docker_config_and_says_in_one_line_what_is_wrong_with_it(
 class _TokenProxy(BaseHTTPRequestHandler):
     """A registry that asks for a Bearer token and hands one out only for ``REFRESH`` traded by the OAuth
     flow (POST, grant_type=refresh_token), as Docker Hub does for an identity token; the rest goes to a
-    real registry behind it."""
+    real registry behind it. The flow as distribution/distribution:docs/content/spec/auth/oauth.md gives
+    it (a form with grant_type, service, scope, client_id and refresh_token; an ``access_token`` back),
+    and as containers/image:docker/docker_client.go ``getBearerTokenOAuth2`` sends it."""
 
     target: ClassVar[str] = ""
     forms: ClassVar[list[dict[str, str]]] = []
