@@ -12,10 +12,7 @@ import shutil
 import socket
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +22,15 @@ import yaml
 
 from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli, small_disk, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
-from tests.upstream.registry import BASE_REPOSITORY, RegistryServer, push_base, skopeo, write_base_layout
+from tests.upstream.registry import (
+    BASE_REPOSITORY,
+    RegistryProxy,
+    RegistryServer,
+    push_base,
+    serving,
+    skopeo,
+    write_base_layout,
+)
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.oci.image import image_reference
 from vllm_bundle.oci.layout import LayerRule, Layout, split_tree, write_layer
@@ -284,13 +289,12 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     assert runtime["spec"]["containers"][0]["image"] == f"{registry.host}/example/vllm-rocm:{tag}@{digest}"
 
 
-class _FlakyProxy(BaseHTTPRequestHandler):
+class _FlakyProxy(RegistryProxy):
     """Forwards to the registry, misbehaving as ``faults`` says: the first upload start answered 503
     (Retry-After: 0), an upload body's connection dropped, a manifest PUT answered 500. With ``token``
     set it plays a token-auth registry as GHCR does: 401 with a Bearer challenge, and a token endpoint
     that hands ``token`` out for the Basic credentials user:secret only."""
 
-    target: ClassVar[str] = ""
     faults: ClassVar[dict[str, int]] = {}
     drop_nth: ClassVar[dict[str, int]] = {}  # kind -> which request of that kind loses its connection
     seen: ClassVar[list[str]] = []
@@ -300,34 +304,25 @@ class _FlakyProxy(BaseHTTPRequestHandler):
     cut_after: ClassVar[dict[str, int]] = {}  # kind -> the next answer's body breaks off after so many bytes
     ranges: ClassVar[list[str]] = []  # the Range headers of the requests seen
 
-    def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key.replace("_", "-"), value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def _refused(self) -> bool:
         """Token auth: True when this request was answered here (the token endpoint, or a 401)."""
         if self.token is None:
             return False
         if self.path.startswith("/token"):
             if self.headers.get("Authorization") == "Basic " + base64.b64encode(b"user:secret").decode():
-                self._answer(200, json.dumps({"token": self.token}).encode(), Content_Type="application/json")
+                self.answer(200, json.dumps({"token": self.token}).encode(), Content_Type="application/json")
             else:
-                self._answer(401)
+                self.answer(401)
             return True
         if self.headers.get("Authorization") != f"Bearer {self.token}":
             realm = f"http://{self.headers['Host']}/token"
             challenge = f'Bearer realm="{realm}",service="fake-ghcr",scope="repository:any:pull"'
-            self._answer(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', WWW_Authenticate=challenge)
+            self.answer(401, b'{"errors":[{"code":"UNAUTHORIZED"}]}', WWW_Authenticate=challenge)
             return True
         return False
 
     def _forward(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(length) if length else None
+        body = self.read_body()
         if self._refused():
             return
         what = "manifest" if "/manifests/" in self.path else "upload" if "/uploads/" in self.path else "blob"
@@ -335,7 +330,7 @@ class _FlakyProxy(BaseHTTPRequestHandler):
         self.seen.append(kind)
         if "Range" in self.headers:
             self.ranges.append(self.headers["Range"])
-        self.body_bytes[kind] = self.body_bytes.get(kind, 0) + len(body or b"")
+        self.body_bytes[kind] = self.body_bytes.get(kind, 0) + len(body)
         if self.drop_nth.get(kind) == self.seen.count(kind):
             self.close_connection = True
             return
@@ -344,24 +339,13 @@ class _FlakyProxy(BaseHTTPRequestHandler):
             if kind == "PUT upload":  # the connection drops, no answer at all
                 self.close_connection = True
                 return
-            self._answer(503 if self.command == "POST" else 500, Retry_After="0")
+            self.answer(503 if self.command == "POST" else 500, Retry_After="0")
             return
-        headers = {
-            k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length", "authorization")
-        }
-        answer = requests.request(
-            self.command, self.target + self.path, data=body, headers=headers, timeout=30, allow_redirects=False
-        )
+        answer = self.forward(body)
         if kind in self.garble:
-            self._answer(200, b"<html>a captive portal</html>", Content_Type=answer.headers.get("content-type", ""))
+            self.answer(200, b"<html>a captive portal</html>", Content_Type=answer.headers.get("content-type", ""))
             return
-        self.send_response(answer.status_code)
-        for key, value in answer.headers.items():
-            if key.lower() in ("content-length", "transfer-encoding", "connection", "content-encoding"):
-                continue
-            self.send_header(key, value.replace(self.target, f"http://{self.headers['Host']}"))
-        self.send_header("Content-Length", str(len(answer.content)))
-        self.end_headers()
+        self.relay(answer)
         cut = self.cut_after.pop(kind, None) if self.command != "HEAD" else None
         if cut is not None:  # the connection breaks off mid-body
             self.wfile.write(answer.content[:cut])
@@ -374,22 +358,6 @@ class _FlakyProxy(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _forward
 
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def proxy(handler: type[_FlakyProxy]) -> Iterator[str]:
-    """The proxy on a free loopback port; yields its host:port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
 
 def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer, image_dir: Path) -> None:
     from vllm_bundle.oci.registry import Reference, RegistryClient, push_layout
@@ -400,7 +368,7 @@ def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer
         faults: ClassVar[dict[str, int]] = {"POST upload": 1, "PUT upload": 1, "PUT manifest": 1}
         seen: ClassVar[list[str]] = []
 
-    with proxy(Proxy) as host:
+    with serving(Proxy) as host:
         client = RegistryClient(f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None)
         result = push_layout(image_dir / "oci", Reference(host, "retried/vllm", "v1"), client)
     digest = manifest_and_config(image_dir / "oci")[0]
@@ -431,7 +399,7 @@ def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
         seen: ClassVar[list[str]] = []
         body_bytes: ClassVar[dict[str, int]] = {}
 
-    with proxy(Proxy) as host:
+    with serving(Proxy) as host:
         client = RegistryClient(
             f"http://{host}", RetryPolicy(backoff=0.01), sleep=lambda seconds: None, chunk_size=chunk
         )
@@ -458,7 +426,7 @@ def test_push_trades_credentials_for_a_bearer_token(
         token = "t0k3n"
 
     layout = image_dir / "oci"
-    with proxy(Proxy) as host:
+    with serving(Proxy) as host:
         destination = Reference(host, "private/vllm", "v1")
         monkeypatch.delenv(USER_ENV, raising=False)
         with pytest.raises(
@@ -711,7 +679,7 @@ def test_a_cut_base_layer_download_resumes_where_it_stopped(base_published: Regi
         seen: ClassVar[list[str]] = []
         ranges: ClassVar[list[str]] = []
 
-    with proxy(Proxy) as host:
+    with serving(Proxy) as host:
         client = RegistryClient(f"http://{host}", RetryPolicy(attempts=3, backoff=0.01, read_timeout=5.0))
         data, *_ = platform_manifest(client, BASE_REPOSITORY, "latest", {"architecture": "amd64", "os": "linux"})
         layer = Descriptor.from_json(json.loads(data)["layers"][0])
@@ -774,7 +742,7 @@ def test_a_registry_answering_html_for_a_manifest_is_one_line(base_published: Re
         garble = frozenset({"GET manifest"})
 
     recipes = copy_recipes(tmp_path / "recipes")
-    with proxy(Proxy) as host:
+    with serving(Proxy) as host:
         result = run_cli(
             "lock", "--image", "--recipes", recipes, "--registry-mirror", host, "--cache-dir", tmp_path / "c"
         )

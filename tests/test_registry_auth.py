@@ -15,19 +15,16 @@ import re
 import subprocess
 import sys
 import tarfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl
 
 import pytest
-import requests
 
 from tests.conftest import assert_one_line_error, copy_recipes, run_cli
-from tests.upstream.registry import RegistryServer, require_tools
+from tests.upstream.registry import RegistryProxy, RegistryServer, require_tools, serving
 from vllm_bundle.errors import CredentialsError, RegistryError
 from vllm_bundle.oci.auth import (
     DOCKER_HUB_KEY,
@@ -439,37 +436,27 @@ def test_the_cli_reads_docker_config_and_says_in_one_line_what_is_wrong_with_it(
 # -- an identity token ----------------------------------------------------------------------------------
 
 
-class _TokenProxy(BaseHTTPRequestHandler):
+class _TokenProxy(RegistryProxy):
     """A registry that asks for a Bearer token and hands one out only for ``REFRESH`` traded by the OAuth
     flow (POST, grant_type=refresh_token), as Docker Hub does for an identity token; the rest goes to a
     real registry behind it. The flow as distribution/distribution:docs/content/spec/auth/oauth.md gives
     it (a form with grant_type, service, scope, client_id and refresh_token; an ``access_token`` back),
     and as containers/image:docker/docker_client.go ``getBearerTokenOAuth2`` sends it."""
 
-    target: ClassVar[str] = ""
     forms: ClassVar[list[dict[str, str]]] = []
     open_access: ClassVar[bool] = False  # no token asked for
     drop_patch: ClassVar[int] = 0  # this upload chunk (PATCH, counted from 1) loses its connection
     patches: ClassVar[list[str]] = []
 
-    def _answer(self, status: int, body: bytes = b"", **headers: str) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            self.send_header(key.replace("_", "-"), value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length", "0"))
-        body = self.rfile.read(length) if length else b""
+        body = self.read_body()
         if self.path.startswith("/token"):
             form = dict(parse_qsl(body.decode())) if self.command == "POST" else {}
             self.forms.append(form)
             if form.get("grant_type") == "refresh_token" and form.get("refresh_token") == REFRESH:
-                self._answer(200, json.dumps({"access_token": "access-1"}).encode(), Content_Type="application/json")
+                self.answer(200, json.dumps({"access_token": "access-1"}).encode(), Content_Type="application/json")
             else:
-                self._answer(401)
+                self.answer(401)
             return
         if self.command == "PATCH":
             self.patches.append(self.path)
@@ -478,23 +465,14 @@ class _TokenProxy(BaseHTTPRequestHandler):
                 return
         if not self.open_access and self.headers.get("Authorization") != "Bearer access-1":
             realm = f"http://{self.headers['Host']}/token"
-            self._answer(401, b"{}", WWW_Authenticate=f'Bearer realm="{realm}",service="fake-hub"')
+            self.answer(401, b"{}", WWW_Authenticate=f'Bearer realm="{realm}",service="fake-hub"')
             return
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")}
-        answer = requests.request(self.command, self.target + self.path, data=body or None, headers=headers, timeout=30)
-        self.send_response(answer.status_code)
-        for key, value in answer.headers.items():
-            if key.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
-                self.send_header(key, value.replace(self.target, f"http://{self.headers['Host']}"))
-        self.send_header("Content-Length", str(len(answer.content)))
-        self.end_headers()
+        answer = self.forward(body)
+        self.relay(answer)
         if self.command != "HEAD":
             self.wfile.write(answer.content)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = _serve
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @contextmanager
@@ -508,14 +486,8 @@ def token_proxy(
 
     Proxy.target, Proxy.forms, Proxy.patches = target, [], []
     Proxy.open_access, Proxy.drop_patch = open_access, drop_patch
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}", Proxy.forms
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Proxy) as host:
+        yield host, Proxy.forms
 
 
 def test_an_identity_token_is_traded_for_a_registry_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,14 @@ import os
 import shutil
 import subprocess
 import tarfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import requests
 
@@ -120,6 +125,61 @@ class RegistryServer:
     @property
     def url(self) -> str:
         return f"http://{self.host}"
+
+
+class RegistryProxy(BaseHTTPRequestHandler):
+    """A proxy in front of a real registry (``target``), for tests that make it misbehave or ask for a
+    login: subclasses decide what to answer themselves (``answer``) and relay the rest (``forward``,
+    ``relay``), the registry's own URLs in its headers rewritten to the proxy's."""
+
+    target: ClassVar[str] = ""
+    #: Request headers not passed on (the proxy's host; a login the registry behind it must not see).
+    DROPPED: ClassVar[tuple[str, ...]] = ("host", "content-length", "authorization")
+
+    def answer(self, status: int, body: bytes = b"", **headers: str) -> None:
+        """An answer of the proxy's own (``Retry_After=`` is the header ``Retry-After``)."""
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key.replace("_", "-"), value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length", "0"))
+        return self.rfile.read(length) if length else b""
+
+    def forward(self, body: bytes) -> requests.Response:
+        """The request as the registry behind the proxy answers it."""
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in self.DROPPED}
+        return requests.request(
+            self.command, self.target + self.path, data=body or None, headers=headers, timeout=30, allow_redirects=False
+        )
+
+    def relay(self, answer: requests.Response) -> None:
+        """``answer``'s status and headers sent back (its URLs made the proxy's); its body is the caller's."""
+        self.send_response(answer.status_code)
+        for key, value in answer.headers.items():
+            if key.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding"):
+                self.send_header(key, value.replace(self.target, f"http://{self.headers['Host']}"))
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on a free loopback port; yields its host:port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def skopeo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
