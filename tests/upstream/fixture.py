@@ -43,7 +43,9 @@ from vllm_bundle.util.elf import dynamic_info, patchelf_bin, set_runpath
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 from .real_wheels import RealWheels
-from .therock import FACTS, MULTI_ARCH, NEXT
+from .rocm_cmake import CORE, LIBRARIES, runtime_libraries
+from .therock import FACTS, LIBRARY_KEYS, MULTI_ARCH, NEXT
+from .torch_cmake import LIBRARIES as TORCH_LIBRARIES
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
@@ -145,6 +147,13 @@ def _elf_chain(work: Path) -> dict[str, Path]:
         rpath="$ORIGIN",  # libamdhip64 is found only through the launcher's library path
     )
     libs["triton"] = compile_shared(work / "libtriton.so", "libtriton.so", C_LIB.format(name="triton", value=35))
+    # The other ROCm libraries the SDK's CMake packages name (rocm_cmake.py) and torch's export set names
+    # (torch_cmake.py): small real ELF files under their sonames.
+    sonames = [so for home in (CORE, LIBRARIES) for so in runtime_libraries(home) if so not in LIBRARY_KEYS]
+    sonames += [name for name in TORCH_LIBRARIES if name not in ("libc10.so", "libtorch_hip.so")]
+    for index, soname in enumerate(sonames):
+        symbol = "rocm_" + "".join(c if c.isalnum() else "_" for c in soname)
+        libs[soname] = compile_shared(work / soname, soname, C_LIB.format(name=symbol, value=index))
     libs["omp"] = compile_shared(work / "libomp.so", "libomp.so", C_LIB.format(name="omp", value=5))
     libs["vision"] = compile_shared(work / "vision_C.so", "", C_LIB.format(name="vision", value=27))
     libs["clang"] = compile_shared(work / "clang-20", "", "int main(void) { return 0; }\n", executable=True)
@@ -561,6 +570,7 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
     libs["triton-amd"] = real.triton_amd  # a directory: the real triton/backends/amd/{driver.c,include/}
+    libs["torch-cmake"] = real.torch_cmake  # a directory: a real torch wheel's torch/share/cmake/
     _python_tarball(fx, cache)
     _triton_kernels_archive(fx.releases)
     files = root / "files"

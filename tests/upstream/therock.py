@@ -30,6 +30,7 @@ from pathlib import Path
 
 from vllm_bundle.inputs.facts import IndexFacts, ProjectFacts, load_facts
 
+from . import rocm_cmake, torch_cmake
 from .packaging_fixtures import Content, make_tarball, make_wheel
 
 FACTS = load_facts(Path(__file__).with_name("facts.toml"))
@@ -155,6 +156,7 @@ def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str,
         "from torch import _rocm_init\n"
         "_rocm_init.initialize()\n"
         "from torch._C import _hip_check\n"
+        "from torch import utils  # torch/__init__.py imports torch.utils (vLLM's CMake reads it)\n"
         f"__version__ = '{versions['torch']}'\n"
     )
     rocm_init = (
@@ -170,6 +172,14 @@ def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str,
         "torch/version.py": f"__version__ = '{versions['torch']}'\nhip = '{versions['rocm']}'\ncuda = None\n".encode(),
         "torch/lib/libc10.so": libs["c10"],
         "torch/lib/libtorch_hip.so": libs["torch_hip"],
+        **{
+            f"torch/lib/{name}": libs[name]
+            for name in torch_cmake.LIBRARIES
+            if name not in ("libc10.so", "libtorch_hip.so")
+        },
+        # torch/utils/__init__.py's own line: where find_package(Torch) looks (vLLM's CMakeLists.txt asks it)
+        "torch/utils/__init__.py": b"import os.path as _osp\n\ncmake_prefix_path = _osp.join(_osp.dirname(_osp.dirname(__file__)), 'share', 'cmake')\n",
+        **torch_cmake.rocm_configured(libs["torch-cmake"]),
     }
 
 
@@ -243,11 +253,20 @@ def compiler_wrapper(name: str, version: str) -> bytes:
     return COMPILER_WRAPPER.format(name=name, host=host_compiler(name), version=version).encode()
 
 
+#: The ELF files of the fixture (fixture._elf_chain) that stand for a ROCm library, by soname; every other
+#: library rocm_cmake names is a stub under its own soname.
+LIBRARY_KEYS = {"libamdhip64.so.7": "hip", "libamd_comgr.so.3": "comgr", "librocblas.so.5": "rocblas"}
+
+
+def runtime_libraries(home: str, libs: dict[str, Path]) -> dict[str, Path]:
+    """``<home>/lib/<soname>`` -> ELF file, for the libraries rocm_cmake puts in ``home``'s wheel."""
+    return {f"{home}/lib/{so}": libs[LIBRARY_KEYS.get(so, so)] for so in rocm_cmake.runtime_libraries(home)}
+
+
 def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
     files: dict[str, bytes | Path] = {
         "_rocm_sdk_core/__init__.py": b"",
-        "_rocm_sdk_core/lib/libamdhip64.so.7": libs["hip"],
-        "_rocm_sdk_core/lib/libamd_comgr.so.3": libs["comgr"],
+        **runtime_libraries(rocm_cmake.CORE, libs),
         "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
         "_rocm_sdk_core/lib/llvm/lib/libomp.so": libs["omp"],
         "_rocm_sdk_core/lib/llvm/bin/rocm.cfg": b"--rocm-path='<CFGDIR>/../../..'\n",
@@ -261,26 +280,21 @@ def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
     return files
 
 
-#: Files of core the devel tree links to, and what only the devel tree has.
-DEVEL_ONLY = {
-    "lib/cmake/hip/hip-config.cmake": b"# fixture: find_package(hip)\n",
-    "lib/cmake/hip-lang/hip-lang-config.cmake": b"# fixture: enable_language(HIP) checks that this exists\n",
-}
-
-
-def devel_tarball(core: dict[str, bytes | Path], out: Path) -> Path:
+def devel_tarball(core: dict[str, bytes | Path], libraries: list[str], out: Path, version: str) -> Path:
     """``rocm_sdk_devel/_devel.tar`` (uncompressed, as TheRock's CI publishes it): ``_rocm_sdk_devel/``
-    with each core file as a relative symlink into ``_rocm_sdk_core``, the top-level ``bin/amdclang*``
-    links, the ``llvm`` and ``amdgcn`` directory links, and the CMake packages core lacks."""
+    with each file of core and of rocm-sdk-libraries (``libraries``: its paths) as a relative symlink
+    into that wheel's platform directory, every library's soname alias, the top-level ``bin/amdclang*``
+    links, the ``llvm`` and ``amdgcn`` directory links, and the CMake packages and headers only the devel
+    tree has (rocm_cmake.py; ROCm/TheRock build_tools/_therock_utils/py_packaging.py:702-741)."""
     top = "_rocm_sdk_devel"
-    files: dict[str, bytes | Path] = {f"{top}/__init__.py": b"", **{f"{top}/{k}": v for k, v in DEVEL_ONLY.items()}}
-    symlinks = {
-        f"{top}/llvm": "lib/llvm",
-        f"{top}/amdgcn": "lib/llvm/amdgcn",
-        f"{top}/lib/libamdhip64.so": "libamdhip64.so.7",
-    }
-    for name in core:
-        relative = name.removeprefix("_rocm_sdk_core/")
+    devel_only = rocm_cmake.devel_cmake_files(version)
+    files: dict[str, bytes | Path] = {f"{top}/__init__.py": b"", **{f"{top}/{k}": v for k, v in devel_only.items()}}
+    symlinks = {f"{top}/llvm": "lib/llvm", f"{top}/amdgcn": "lib/llvm/amdgcn"}
+    for home in (rocm_cmake.CORE, rocm_cmake.LIBRARIES):
+        for soname in rocm_cmake.runtime_libraries(home):
+            symlinks[f"{top}/lib/{rocm_cmake.soname_alias(soname)}"] = soname
+    for name in [*core, *libraries]:
+        relative = name.split("/", 1)[1]
         if relative in ("__init__.py",) or relative.startswith("share/"):
             continue
         link = f"{top}/{relative}"
@@ -321,13 +335,14 @@ def _built_contents(name: str, values: Mapping[str, str], libs: dict[str, Path],
     if name == "rocm-sdk-libraries":
         return {
             "rocm_sdk_libraries/__init__.py": f"__version__ = {rocm!r}\n".encode(),
-            "_rocm_sdk_libraries/lib/librocblas.so.5": libs["rocblas"],
+            **runtime_libraries(rocm_cmake.LIBRARIES, libs),
         }
     if name == "rocm-sdk-devel":
+        libraries = list(runtime_libraries(rocm_cmake.LIBRARIES, libs))
         return {
             "rocm_sdk_devel/__init__.py": b"from ._dist_info import __version__\n",
             "rocm_sdk_devel/_dist_info.py": f"__version__ = {rocm!r}\n".encode(),
-            "rocm_sdk_devel/_devel.tar": devel_tarball(core_files(rocm, libs), work / f"devel-{rocm}"),
+            "rocm_sdk_devel/_devel.tar": devel_tarball(core_files(rocm, libs), libraries, work / f"devel-{rocm}", rocm),
         }
     if name.startswith("rocm-sdk-device-"):
         isa = values["isa"]

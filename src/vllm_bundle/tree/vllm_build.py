@@ -4,7 +4,8 @@ when (and only when) that is asked for.
 A ROCm build runs in scratch space beside the stage (removed afterwards; never a cached or shipped stage):
 
     .vllm-wheel.build/site/    the lock's build group (rocm-sdk-devel, cmake, ...) installed with
-                               pypa/installer, ``_rocm_sdk_core`` linked to the site stage's, and the
+                               pypa/installer, ``_rocm_sdk_core`` and ``_rocm_sdk_libraries`` linked to
+                               the site stage's (the devel tree's files are links into both), and the
                                devel tarball expanded as ``_rocm_sdk_devel`` the way TheRock's ``rocm_sdk``
                                does it (files that are symlinks into core become hard links, so a tool
                                run from the devel tree takes it for its ROCm root) but with this tool's
@@ -54,7 +55,7 @@ LOG_TAIL_LINES = 40
 #: A vLLM HIP/C++ compile job peaks at roughly 4 GiB of memory; more jobs than memory allows swaps or
 #: gets OOM-killed, so MAX_JOBS is the smaller of the cores and the memory in 4 GiB units.
 GIB_PER_COMPILE_JOB = 4
-CORE, DEVEL = "_rocm_sdk_core", "_rocm_sdk_devel"
+CORE, LIBRARIES, DEVEL = "_rocm_sdk_core", "_rocm_sdk_libraries", "_rocm_sdk_devel"
 DEVEL_PACKAGE = "rocm_sdk_devel"
 #: TheRock's expansion keeps these top-level compiler links as symlinks (rocm_sdk/_devel.py).
 PRESERVED_SYMLINKS = ("amdclang", "amdclang++", "amdclang-cl", "amdclang-cpp", "amdflang", "amdlld", "amdllvm")
@@ -136,8 +137,14 @@ def install_build_group(wheels: Mapping[Path, str], site: Path, bin_dir: Path, p
 
 
 def expand_devel(site: Path, core: Path) -> Path:
-    """Expand ``rocm_sdk_devel/_devel.tar(.xz)`` in ``site`` as ``_rocm_sdk_devel``, beside a link to the
-    site stage's ``core``; returns the devel root."""
+    """Expand ``rocm_sdk_devel/_devel.tar(.xz)`` in ``site`` as ``_rocm_sdk_devel``, beside links to the
+    site stage's ``core`` and its ``_rocm_sdk_libraries`` (where the site stage has them); returns the
+    devel root. TheRock's devel tarball holds every file a runtime wheel already has as a relative link
+    into that wheel's directory (ROCm/TheRock build_tools/_therock_utils/py_packaging.py
+    ``_populate_devel_file``): the math libraries that torch's CMake config finds (rocblas, MIOpen, ...)
+    are in rocm-sdk-libraries, so without that link every one of them is a link to nothing, and CMake's
+    configure stops at the first ("The imported target roc::rocblas references the file ... but this file
+    does not exist")."""
     package = site / DEVEL_PACKAGE
     tarball = next((package / n for n in ("_devel.tar.xz", "_devel.tar") if (package / n).is_file()), None)
     if tarball is None:
@@ -146,6 +153,9 @@ def expand_devel(site: Path, core: Path) -> Path:
             "re-lock; the channel's sdk-build-wheels must name rocm-sdk-devel",
         )
     (site / CORE).symlink_to(core, target_is_directory=True)
+    libraries = core.parent / LIBRARIES
+    if libraries.is_dir():
+        (site / LIBRARIES).symlink_to(libraries, target_is_directory=True)
 
     def inside_devel(name: str, member: tarfile.TarInfo) -> bool:
         if name != DEVEL and not name.startswith(f"{DEVEL}/"):
@@ -158,8 +168,29 @@ def expand_devel(site: Path, core: Path) -> Path:
     except tarfile.TarError as err:
         raise UnsafeArchiveError(f"cannot read rocm-sdk-devel's {tarball.name}: {err}", "re-fetch it") from None
     root = site / DEVEL
+    _require_no_dangling_links(root, site)
     _hard_link_file_symlinks(root)
     return root
+
+
+def _require_no_dangling_links(root: Path, site: Path) -> None:
+    """Every link of the devel tree must lead to a file or folder: one that does not names a runtime wheel
+    the site stage lacks, and CMake would stop much later on the first package that names it."""
+    dangling = sorted(p for p in root.rglob("*") if p.is_symlink() and not p.exists())
+    if not dangling:
+        return
+    # The first link that leaves the devel tree names the missing wheel directory (an alias beside it,
+    # libfoo.so -> libfoo.so.1, dangles only because of it).
+    first = min(dangling, key=lambda p: ("/" not in str(p.readlink()), p))
+    target = first.resolve()  # strict=False: as far as the links lead
+    inside = target.is_relative_to(site.resolve())
+    missing = target.relative_to(site.resolve()).parts[0] if inside else str(target)
+    raise BuildError(
+        f"the ROCm SDK's devel tree has {len(dangling)} link(s) to nothing, e.g. "
+        f"{first.relative_to(root.parent)} -> {first.readlink()} ({missing} is not in the site stage)",
+        "the lock's rocm-sdk-core, rocm-sdk-libraries and rocm-sdk-devel must be one ROCm release, "
+        "all three installed; re-lock",
+    )
 
 
 def _hard_link_file_symlinks(root: Path) -> None:
@@ -379,9 +410,12 @@ def check_wheel(
     return {name: sorted(found_isas) for name, found_isas in isas.items()}
 
 
-def _rocm_setup(
+def rocm_setup(
     target: Target, rocm: RocmInputs, python: Path, scratch: Path, root: Path
 ) -> tuple[dict[str, str], list[Path]]:
+    """The scratch site of a ROCm build (the build group, the devel tree expanded beside links to the site
+    stage's SDK, the triton_kernels source) and the build's variables; returns them with the build group's
+    script directory, which goes on PATH."""
     core = require_core(rocm.site_packages)
     site, bin_dir = scratch / "site", scratch / "bin"
     install_build_group(rocm.build_wheels, site, bin_dir, python)
@@ -408,7 +442,7 @@ def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: P
         bin_dirs = [shims, build.python.parent]
         env: dict[str, str] = {"VLLM_TARGET_DEVICE": "empty"}
         if build.rocm is not None:  # the build directory holds the source copy, scratch and the site stage
-            env, extra = _rocm_setup(target, build.rocm, build.python, scratch, out.parent)
+            env, extra = rocm_setup(target, build.rocm, build.python, scratch, out.parent)
             bin_dirs = [shims, *extra, build.python.parent]
         env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
         wheel = build_wheel(source, build.python, env, scratch, out, log)
