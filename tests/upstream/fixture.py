@@ -69,7 +69,11 @@ TORCH_EXTENSION = r"""
 #include <Python.h>
 int torch_hip(void);
 static PyObject *hip_check(PyObject *self, PyObject *args) { return PyLong_FromLong(torch_hip()); }
-static PyMethodDef methods[] = {{"_hip_check", hip_check, METH_NOARGS, "c10() + hip()"}, {NULL, NULL, 0, NULL}};
+/* A HIP build's torch._C has the CUDA device API (torch.cuda._is_compiled() asks for it); no GPU here. */
+static PyObject *device_count(PyObject *self, PyObject *args) { return PyLong_FromLong(0); }
+static PyMethodDef methods[] = {{"_hip_check", hip_check, METH_NOARGS, "c10() + hip()"},
+                                {"_cuda_getDeviceCount", device_count, METH_NOARGS, "no GPU"},
+                                {NULL, NULL, 0, NULL}};
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "torch._C", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
 """
@@ -570,7 +574,8 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
     libs["triton-amd"] = real.triton_amd  # a directory: the real triton/backends/amd/{driver.c,include/}
-    libs["torch-cmake"] = real.torch_cmake  # a directory: a real torch wheel's torch/share/cmake/
+    for version, members in real.torch.items():  # directories: members of real torch wheels (torch/...)
+        libs[f"torch-members-{version}"] = members
     _python_tarball(fx, cache)
     _triton_kernels_archive(fx.releases)
     files = root / "files"
@@ -582,7 +587,7 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
                 fx.serve(owner_index(where, index, owner), paths)
     fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
     served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)]
-    fx.serve(PYPI, [*served, _hard_link(real.ziglang, files)])
+    fx.serve(PYPI, [*served, _hard_link(real.ziglang, files), _hard_link(real.ninja, files)])
     write_index(fx)
     flat_mirror(fx)
     statuses = {f"/{where}/": facts.missing_project for where in fx.indexes if (facts := _index_facts(where))}

@@ -9,8 +9,10 @@ the pipeline (UPSTREAM-FACTS.md):
 - setuptools exists in versions vLLM cannot take (81.0.0 on TheRock's mirror, 80.9.0 here) and one it
   can (79.0.0); regex in several platform variants, of which the lock keeps one;
 - vLLM's build tools: ``cmake`` (its console script runs fake_cmake.py, standing in for the CMake binary
-  PyPI's wheel carries), ``ninja`` and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt),
-  ninja also at run time (requirements/common.txt);
+  PyPI's wheel carries) and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt);
+  ``ninja``, needed at run time too (requirements/common.txt), is PyPI's real wheel (served by the fixture,
+  real_wheels.py): its ``ninja`` is the binary itself, installed as a script, where a console script
+  would run the ``ninja`` package a build's PYTHONPATH may shadow;
 - ziglang, the C toolchain of components.toml's ``[toolchain]``: the real 0.17.1 wheel (real_wheels.py,
   served by the fixture) and a small stand-in the shared test recipes pin (``ziglang_stand_in``);
 - the CUDA builds a ROCm closure meets on PyPI, from facts.toml ([[pypi]]): torchvision 0.27.0 built for
@@ -42,15 +44,6 @@ PURE = (
 )
 #: The absolute RUNPATH PyPI's CUDA torchvision 0.27.0 carries (a CI conda environment; facts.toml).
 TORCHVISION_RPATH = "/__w/_temp/conda_environment_25355632216/lib"
-NINJA = b"""import sys
-
-
-def ninja():
-    if sys.argv[1:] == ["--version"]:
-        print("1.13.0")
-        raise SystemExit(0)
-    raise SystemExit("ninja (fixture): the fixture's cmake builds without it")
-"""
 
 
 #: The stand-in for PyPI's ziglang that the shared test recipes pin (conftest.copy_recipes): the real 0.17.1
@@ -206,14 +199,6 @@ def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
             f"py3-none-{MANYLINUX_2_17}",
             {"cmake/__init__.py": Path(__file__).with_name("fake_cmake.py").read_bytes()},
             entry_points={"console_scripts": {"cmake": "cmake:cmake"}},
-        ),
-        make_wheel(
-            files,
-            "ninja",
-            "1.13.0",
-            "py3-none-manylinux_2_12_x86_64.manylinux_2_17_x86_64",
-            {"ninja/__init__.py": NINJA},
-            entry_points={"console_scripts": {"ninja": "ninja:ninja"}},
         ),
         ziglang_stand_in(files),
     ]

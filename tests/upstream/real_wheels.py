@@ -9,11 +9,16 @@ sha256 and size pinned here (computed from the bytes PyPI served, and equal to w
   HIP/HSA headers (``include/``), which the fixture's triton wheel carries, so that the test compiles
   the very source Triton compiles at first GPU use (triton-lang/triton python/triton/backends/amd/driver.py
   ``HIPUtils``, python/triton/runtime/build.py ``_build``).
-- cmake 3.31.10: the CMake that runs vLLM's own CMake code in the tests (test_rocm_configure.py).
+- ninja 1.13.2: served on the fake PyPI (vLLM's run-time requirement and build tool).
+- cmake 3.31.10: the CMake that runs vLLM's own CMake code in the tests (test_vllm_build_system.py).
 - torch 2.12.0 (read by HTTP range, never downloaded whole: 532 MB): the CMake package a torch wheel
   installs (``torch/share/cmake/{Torch,Caffe2,ATen}``, ``Caffe2/public/LoadHIP.cmake``), which the
-  fixture's torch carries configured for ROCm (torch_cmake.py). Each member is checked against the size
-  and CRC-32 of the wheel's own zip directory, and PyPI must publish the pinned sha256 for the wheel.
+  fixture's torch carries configured for ROCm (torch_cmake.py), and the modules vLLM's build runs
+  (``torch.utils.cpp_extension``, ``torch.utils.hipify``). Each member is checked against the size and
+  CRC-32 of the wheel's own zip directory, and PyPI must publish the pinned sha256 for the wheel.
+- vLLM's build tools as requirements/build/rocm.txt (vllm-0.33.0) names them, real wheels:
+  setuptools, setuptools-scm, setuptools-rust, wheel, jinja2, packaging, cmake and ninja, with what they
+  require (``BUILD_TOOLS``); the real build of test_vllm_build_system.py installs them.
 """
 
 from __future__ import annotations
@@ -65,14 +70,106 @@ CMAKE = Pinned(
     "2f766bb46367e5e0559fa33184653754bce044583a06014dcaebf8e6dff8a1f1",
     27_808_794,
 )
-#: Read by range for its CMake package only (the same files in every CPython tag's wheel).
-TORCH = Pinned(
-    "torch",
-    "torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl",
-    "415c1b8d0412f67551c8e89a2daca0fb3e56694af0281ba155eaa9da481f58b4",
-    532_170_085,
+#: vLLM 0.33.0's build tools (requirements/build/rocm.txt: cmake>=3.26.1,<4, packaging>=26.2,
+#: setuptools>=78.1.1,<80, setuptools-scm>=8, setuptools-rust>=1.9.0, wheel, jinja2>=3.1.6; pyproject.toml:
+#: ninja) with what they require (semantic-version, markupsafe), and typing-extensions, which
+#: torch.utils.cpp_extension imports (torch requires it).
+NINJA = Pinned(
+    "ninja",
+    "ninja-1.13.2-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    "65a24341b5ac09fcadcc37082660be40a94174e51a937fabf6e2cae26225fa2c",
+    183_365,
 )
-TORCH_CMAKE = "torch/share/cmake/"
+BUILD_TOOLS = (
+    CMAKE,
+    NINJA,
+    Pinned(
+        "setuptools",
+        "setuptools-79.0.1-py3-none-any.whl",
+        "e147c0549f27767ba362f9da434eab9c5dc0045d5304feb602a0af001089fc51",
+        1_256_281,
+    ),
+    Pinned(
+        "setuptools-scm",
+        "setuptools_scm-9.2.2-py3-none-any.whl",
+        "30e8f84d2ab1ba7cb0e653429b179395d0c33775d54807fc5f1dd6671801aef7",
+        62_975,
+    ),
+    Pinned(
+        "setuptools-rust",
+        "setuptools_rust-1.13.0-py3-none-any.whl",
+        "666439c4d90e968bb625bcf87ec0aa02b4f49e599d2f5dc255c633a04e8eca99",
+        30_536,
+    ),
+    Pinned(
+        "semantic-version",
+        "semantic_version-2.10.0-py2.py3-none-any.whl",
+        "de78a3b8e0feda74cabc54aab2da702113e33ac9d9eb9d2389bcf1f58b7d9177",
+        15_552,
+    ),
+    Pinned(
+        "wheel",
+        "wheel-0.48.0-py3-none-any.whl",
+        "3217dcc807155e45db462d7ef2431f5ddda0d7273b700d05a67b271ceb1287ab",
+        33_320,
+    ),
+    Pinned(
+        "jinja2",
+        "jinja2-3.1.6-py3-none-any.whl",
+        "85ece4451f492d0c13c5dd7c13a64681a86afae63a5f347908daf103ce6d2f67",
+        134_899,
+    ),
+    Pinned(
+        "packaging",
+        "packaging-26.4-py3-none-any.whl",
+        "81383611a09c1bc0b08b76e0fd5829d7c6824c65b27a6aee339da133f4233ea2",
+        140_049,
+    ),
+    Pinned(
+        "typing-extensions",
+        "typing_extensions-4.16.0-py3-none-any.whl",
+        "481caa481374e813c1b176ada14e97f1f67a4539ce9cfeb3f350d78d6370c2e8",
+        45_571,
+    ),
+)
+MARKUPSAFE = {
+    "cp311": Pinned(
+        "markupsafe",
+        "markupsafe-3.0.4-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl",
+        "6da83a088f8ef93b2d483a8232a4dbf4d69d3d8496b568a03c56becac43e1808",
+        22_961,
+    ),
+}
+#: Read by range for the members below only (the same files in every CPython tag's wheel), one wheel for
+#: each torch release the fake indexes serve (2.12.0 on whl-multi-arch, 2.13.0 on whl-next).
+TORCH = {
+    "2.12.0": Pinned(
+        "torch",
+        "torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "415c1b8d0412f67551c8e89a2daca0fb3e56694af0281ba155eaa9da481f58b4",
+        532_170_085,
+    ),
+    "2.13.0": Pinned(
+        "torch",
+        "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "60fcdcb2f3876e21146cb4524ef06397d727ca9ad5f020818547e25075fe3cb7",
+        526_574_961,
+    ),
+}
+#: What the fixture's torch takes from the real one: its CMake package, and the pure-Python modules vLLM's
+#: build runs (setup.py imports torch.utils.cpp_extension; cmake/hipify.py runs torch.utils.hipify) with
+#: what they import of torch (torch_version and its vendored packaging, _appdirs).
+TORCH_PREFIXES = ("torch/share/cmake/", "torch/utils/hipify/", "torch/_vendor/")
+TORCH_FILES = (
+    "torch/utils/cpp_extension.py",
+    "torch/utils/file_baton.py",
+    "torch/utils/_cpp_extension_versioner.py",
+    "torch/torch_version.py",
+    "torch/_appdirs.py",
+    # The header vLLM's CMake reads and patches on torch 2.13 (vllm-0.33.0 CMakeLists.txt:409-441).
+    "torch/include/torch/csrc/stable/stableivalue_conversions.h",
+)
+MEMBERS_VERSION = "members-v2"  # a new selection above: a new folder in the downloads cache
 #: What the fixture's triton wheel takes from the real one (paths in the wheel).
 TRITON_AMD = "triton/backends/amd/"
 TRITON_AMD_FILES = ("driver.c", "include/")
@@ -81,8 +178,9 @@ TRITON_AMD_FILES = ("driver.c", "include/")
 @dataclass(frozen=True)
 class RealWheels:
     ziglang: Path  # the wheel, under its own file name
+    ninja: Path  # the wheel, under its own file name (served on the fake PyPI)
     triton_amd: Path  # a directory: the real triton/backends/amd/driver.c and include/
-    torch_cmake: Path  # a directory: the real torch/share/cmake/ of a torch wheel
+    torch: dict[str, Path]  # torch version -> the members of its real wheel the fixture's torch carries
     cmake: Path  # a directory: the real cmake wheel unpacked (its data/bin/cmake runs)
 
 
@@ -123,34 +221,61 @@ def _extract_triton_amd(wheel: Path, dest: Path) -> Path:
     return dest
 
 
-def torch_cmake_files(downloads: Path) -> Path:
-    """``torch/share/cmake/`` of the pinned torch wheel, read by range once and kept in ``downloads``
-    (under the wheel's sha256); every member checked against the wheel's zip directory (size, CRC-32)."""
-    kept = downloads / "members" / TORCH.sha256 / "share-cmake"
+def _wanted_torch_member(name: str) -> bool:
+    return not name.endswith("/") and (name.startswith(TORCH_PREFIXES) or name in TORCH_FILES)
+
+
+def torch_members(downloads: Path, pin: Pinned) -> Path:
+    """The members of the pinned torch wheel the fixture's torch carries (``TORCH_PREFIXES``,
+    ``TORCH_FILES``), under ``torch/``, read by range once and kept in ``downloads`` (under the wheel's
+    sha256); every member checked against the wheel's zip directory (size, CRC-32)."""
+    kept = downloads / "members" / pin.sha256 / MEMBERS_VERSION
     if (kept / ".complete").is_file():
         return kept
     from vllm_bundle.inputs.remote_wheel import open_wheel
     from vllm_bundle.util.transport import RetryPolicy, make_session
 
     session = make_session(RetryPolicy())
-    files = {f.filename: f for f in project_files(session, PYPI_URL, TORCH.project)}
-    entry = files[TORCH.filename]
-    assert (entry.sha256, entry.size) == (TORCH.sha256, TORCH.size), f"PyPI publishes another {TORCH.filename}"
-    partial = kept.with_name("share-cmake.partial")
+    files = {f.filename: f for f in project_files(session, PYPI_URL, pin.project)}
+    entry = files[pin.filename]
+    assert (entry.sha256, entry.size) == (pin.sha256, pin.size), f"PyPI publishes another {pin.filename}"
+    partial = kept.with_name(f"{MEMBERS_VERSION}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     with open_wheel(session, entry.url) as wheel:
         for info in wheel.infolist():
-            if not info.filename.startswith(TORCH_CMAKE) or info.is_dir():
+            if not _wanted_torch_member(info.filename):
                 continue
             data = wheel.read(info)  # zipfile checks the CRC-32 of what it read against the directory's
             assert len(data) == info.file_size, info.filename
-            target = partial / info.filename.removeprefix(TORCH_CMAKE)
+            target = partial / info.filename
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-    (partial / ".complete").write_text(f"{TORCH.filename} {TORCH.sha256}\n")
+    missing = [name for name in TORCH_FILES if not (partial / name).is_file()]
+    assert not missing, f"{pin.filename} has no {missing}"
+    (partial / ".complete").write_text(f"{pin.filename} {pin.sha256}\n")
     shutil.rmtree(kept, ignore_errors=True)
     partial.rename(kept)
     return kept
+
+
+def build_tools(downloads: Path, cp: str, dest: Path) -> dict[Path, str]:
+    """vLLM's build tools (``BUILD_TOOLS``) as wheel files under their own names in ``dest`` -> sha256,
+    each checked against the pin (a build group, as the vllm-wheel stage takes it)."""
+    if cp not in MARKUPSAFE:
+        raise RuntimeError(f"no real markupsafe wheel pinned for {cp}: add it to tests/upstream/real_wheels.py")
+    pins = [*BUILD_TOOLS, MARKUPSAFE[cp]]
+    fetched = fetch_pinned(downloads, pins)
+    dest.mkdir(parents=True, exist_ok=True)
+    named = {}
+    for pin in pins:
+        path = dest / pin.filename
+        if not path.exists():
+            try:
+                path.hardlink_to(fetched[pin.filename])
+            except OSError:  # another file system
+                shutil.copyfile(fetched[pin.filename], path)
+        named[path] = pin.sha256
+    return named
 
 
 def cmake_binary(unpacked: Path) -> Path:
@@ -168,20 +293,27 @@ def _unpack_cmake(wheel: Path, dest: Path) -> Path:
     return dest
 
 
+def _named(fetched: dict[str, Path], pin: Pinned, work: Path) -> Path:
+    """The fetched file under its own name in ``work`` (the cache names blobs by hash; an index serves the
+    file name)."""
+    named = work / pin.filename
+    named.unlink(missing_ok=True)
+    try:
+        named.hardlink_to(fetched[pin.filename])
+    except OSError:  # another file system
+        shutil.copyfile(fetched[pin.filename], named)
+    return named
+
+
 def real_wheels(downloads: Path, cp: str, work: Path) -> RealWheels:
     """Download (once) and unpack what the fake upstream needs from the real wheels, into ``work``."""
     triton = triton_pin(cp)
-    fetched = fetch_pinned(downloads, [ZIGLANG, triton, CMAKE])
+    fetched = fetch_pinned(downloads, [ZIGLANG, NINJA, triton, CMAKE])
     work.mkdir(parents=True, exist_ok=True)
-    named = work / ZIGLANG.filename  # the cache names blobs by hash; the index serves the file name
-    named.unlink(missing_ok=True)
-    try:
-        named.hardlink_to(fetched[ZIGLANG.filename])
-    except OSError:  # another file system
-        shutil.copyfile(fetched[ZIGLANG.filename], named)
     return RealWheels(
-        named,
+        _named(fetched, ZIGLANG, work),
+        _named(fetched, NINJA, work),
         _extract_triton_amd(fetched[triton.filename], work / "triton-amd"),
-        torch_cmake_files(downloads),
+        {version: torch_members(downloads, pin) for version, pin in TORCH.items()},
         _unpack_cmake(fetched[CMAKE.filename], work / "cmake"),
     )

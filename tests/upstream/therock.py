@@ -150,13 +150,34 @@ def rocm_sdist(out: Path, version: str) -> Path:
     return make_tarball(out / f"{top}.tar.gz", files)
 
 
+#: What the fixture's torch models of torch's Python package where vLLM's build reads it (the real modules
+#: import the whole of torch): torch/cuda/__init__.py ``_is_compiled`` (true when torch._C has
+#: ``_cuda_getDeviceCount``, as a HIP build's has), torch/xpu/__init__.py ``_is_compiled`` (false).
+TORCH_MODELLED = {
+    "torch/cuda/__init__.py": b"import torch\n\n\ndef _is_compiled() -> bool:\n"
+    b'    return hasattr(torch._C, "_cuda_getDeviceCount")\n',
+    "torch/xpu/__init__.py": b"def _is_compiled() -> bool:\n    return False\n",
+    # One header where torch's CMake package names its include directories (TorchConfig.cmake
+    # TORCH_INCLUDE_DIRS): CMake refuses an imported target whose include directory does not exist.
+    "torch/include/torch/csrc/api/include/torch/version.h": b"#pragma once\n#define TORCH_VERSION_MAJOR 2\n",
+}
+
+
+def _torch_members(version: str, libs: dict[str, Path]) -> Path:
+    """The real torch wheel's members for this torch release (``2.13.0+rocm10.0.0`` -> 2.13.0's)."""
+    release = version.split("+")[0]
+    if f"torch-members-{release}" not in libs:
+        raise RuntimeError(f"no real torch {release} wheel pinned: add it to tests/upstream/real_wheels.py TORCH")
+    return libs[f"torch-members-{release}"]
+
+
 def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str, Content]:
     init = (
         "from torch import version\n"
         "from torch import _rocm_init\n"
         "_rocm_init.initialize()\n"
         "from torch._C import _hip_check\n"
-        "from torch import utils  # torch/__init__.py imports torch.utils (vLLM's CMake reads it)\n"
+        "from torch import cuda, utils, xpu  # torch/__init__.py imports them (vLLM's build reads them)\n"
         f"__version__ = '{versions['torch']}'\n"
     )
     rocm_init = (
@@ -179,7 +200,8 @@ def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str,
         },
         # torch/utils/__init__.py's own line: where find_package(Torch) looks (vLLM's CMakeLists.txt asks it)
         "torch/utils/__init__.py": b"import os.path as _osp\n\ncmake_prefix_path = _osp.join(_osp.dirname(_osp.dirname(__file__)), 'share', 'cmake')\n",
-        **torch_cmake.rocm_configured(libs["torch-cmake"]),
+        **torch_cmake.rocm_configured(_torch_members(versions["torch"], libs)),
+        **TORCH_MODELLED,
     }
 
 
@@ -192,13 +214,44 @@ COMPILER_WRAPPER = """#!/bin/sh
 # hard link (TheRock lib/llvm/bin/rocm.cfg: --rocm-path='<CFGDIR>/../../..').
 self=$(realpath -- "$0")
 root=$(cd -- "$(dirname -- "$self")/../../.." && pwd)
-hip=
+hip= ext= src= obj= prev=
 for arg in "$@"; do
     case $arg in
         -v) [ -f "$root/include/hip/hip_runtime.h" ] && echo "Found HIP installation: $root, version {version}" >&2 ;;
         hip|*.hip) hip=1 ;;
+        -DTORCH_EXTENSION_NAME=*) ext=${{arg#-DTORCH_EXTENSION_NAME=}} ;;
     esac
+    [ "$prev" = "-c" ] && src=$arg
+    [ "$prev" = "-o" ] && obj=$arg
+    prev=$arg
 done
+# A translation unit of a torch extension (vLLM's define_extension_target adds -DTORCH_EXTENSION_NAME):
+# real vLLM kernels need ROCm's and torch's headers, which nothing here has, so this one unit is compiled
+# from a stand-in (a kernel for each --offload-arch, the module's init as a weak symbol, __FILE__ the
+# real source's), with the very command line CMake gave. CMake's own probes are compiled as they are.
+if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
+    id=$(printf '%s' "$src" | cksum | cut -d' ' -f1)
+    case $src in *.hip|*.cu) stand="$obj.stand-in.hip" ;; *) stand="$obj.stand-in.cpp" ;; esac
+    {{
+        printf '#line 1 "%s"\n' "$src"
+        if [ -n "$hip" ]; then
+            printf '#include <hip/hip_runtime.h>\n'
+            printf 'extern "C" __global__ void vllm_unit_%s_kernel(float *out) {{ out[0] = 2.0f; }}\n' "$id"
+        fi
+        printf 'extern "C" const char *vllm_unit_%s_source(void) {{ return __FILE__; }}\n' "$id"
+        # The module's init where the unit sees Python's headers (an extension's own units; not the object
+        # libraries vLLM links into one, such as _rocm_C_skinny, whose units do not).
+        printf '#if __has_include(<Python.h>)\n#include <Python.h>\n'
+        printf 'static struct PyModuleDef vllm_unit_module = {{PyModuleDef_HEAD_INIT, "%s", NULL, -1, NULL}};\n' "$ext"
+        printf 'extern "C" __attribute__((weak)) PyObject *PyInit_%s(void) {{ return PyModule_Create(&vllm_unit_module); }}\n' "$ext"
+        printf '#endif\n'
+    }} > "$stand"
+    for arg do
+        shift
+        [ "$arg" = "$src" ] && arg=$stand
+        set -- "$@" "$arg"
+    done
+fi
 if [ -n "$hip" ]; then
     if [ ! -f "${{HIP_DEVICE_LIB_PATH:-$root/amdgcn/bitcode}}/ocml.bc" ]; then
         echo "clang: error: cannot find ROCm device library; provide its path via '--rocm-path' or '--rocm-device-lib-path', or pass '-nogpulib' to build without ROCm device library" >&2

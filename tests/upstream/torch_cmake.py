@@ -1,5 +1,6 @@
-"""The CMake package of the fixture's torch: a real torch wheel's ``torch/share/cmake`` (PyPI's torch 2.12.0,
-read by range in real_wheels.py), configured as a ROCm build configures it.
+"""What the fixture's torch takes from a real torch wheel (PyPI's torch 2.12.0, read by range in
+real_wheels.py): its CMake package ``torch/share/cmake``, configured as a ROCm build configures it, and the
+pure-Python modules vLLM's build runs (``torch.utils.cpp_extension``, ``torch.utils.hipify``), as they are.
 
 PyPI's wheel is a CUDA build, so its configured files say ``USE_CUDA`` where a ROCm build says
 ``USE_ROCM``. The templates they come from are pytorch's ``cmake/Caffe2Config.cmake.in`` (``if
@@ -18,27 +19,28 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-#: (file, the configured CUDA text, what a ROCm build configures there)
+#: (file, the configured switch and the line it guards, the value a ROCm build configures there). CMake
+#: writes a true @USE_CUDA@ as ON or 1 depending on how the build set it (2.12.0: ON, 2.13.0: 1).
 SWITCHES = (
     (
         "Caffe2/Caffe2Config.cmake",
-        'if (OFF)\n  include("${CMAKE_CURRENT_LIST_DIR}/public/LoadHIP.cmake")',
-        'if (ON)\n  include("${CMAKE_CURRENT_LIST_DIR}/public/LoadHIP.cmake")',
+        r'if \((?:OFF|0|FALSE)\)(\n  include\("\$\{CMAKE_CURRENT_LIST_DIR\}/public/LoadHIP\.cmake"\))',
+        "if (ON)",
     ),
     (
         "Caffe2/Caffe2Config.cmake",
-        "if(ON)\n  # The file public/cuda.cmake exclusively uses CAFFE2_USE_*.",
-        "if(OFF)\n  # The file public/cuda.cmake exclusively uses CAFFE2_USE_*.",
+        r"if\((?:ON|1|TRUE)\)(\n  # The file public/cuda\.cmake exclusively uses)",
+        "if(OFF)",
     ),
     (
         "Torch/TorchConfig.cmake",
-        "if(ON)\n  if(MSVC)\n    find_library(CAFFE2_NVRTC_LIBRARY",
-        "if(OFF)\n  if(MSVC)\n    find_library(CAFFE2_NVRTC_LIBRARY",
+        r"if\((?:ON|1|TRUE)\)(\n  if\(MSVC\)\n    find_library\(CAFFE2_NVRTC_LIBRARY)",
+        "if(OFF)",
     ),
     (
         "Torch/TorchConfig.cmake",
-        "  if(ON)\n    append_wholearchive_lib_if_found(torch_cuda c10_cuda)",
-        "  if(OFF)\n    append_wholearchive_lib_if_found(torch_cuda c10_cuda)",
+        r"(?<=\n  )if\((?:ON|1|TRUE)\)(\n    append_wholearchive_lib_if_found\(torch_cuda c10_cuda\))",
+        "if(OFF)",
     ),
 )
 #: The CUDA build's names in the export set, and a ROCm build's.
@@ -48,10 +50,11 @@ NVSHMEM = "torch_nvshmem"
 LIBRARIES = ("libc10.so", "libc10_hip.so", "libtorch.so", "libtorch_cpu.so", "libtorch_hip.so")
 
 
-def _switch(text: str, old: str, new: str, name: str) -> str:
-    if text.count(old) != 1:
-        raise RuntimeError(f"torch's {name} no longer has {old.splitlines()[0]!r} once: read its template again")
-    return text.replace(old, new)
+def _switch(text: str, pattern: str, value: str, name: str) -> str:
+    switched, count = re.subn(pattern, lambda match: value + match.group(1), text)
+    if count != 1:
+        raise RuntimeError(f"torch's {name} no longer has one match of {pattern!r}: read its template again")
+    return switched
 
 
 def _without_nvshmem(text: str, name: str) -> str:
@@ -64,20 +67,21 @@ def _without_nvshmem(text: str, name: str) -> str:
     return "\n".join(kept).replace(f" {NVSHMEM} ", " ")
 
 
-def rocm_configured(real: Path) -> dict[str, bytes]:
-    """``torch/share/cmake/...`` -> bytes, as a ROCm build of the same torch installs it."""
+def rocm_configured(members: Path) -> dict[str, bytes]:
+    """The real torch wheel's members (``torch/...`` under ``members``, real_wheels.py) as a ROCm build of
+    the same torch installs them: the CMake package configured for ROCm, every other member as it is."""
     files = {
-        f"torch/share/cmake/{p.relative_to(real)}": p.read_text()
-        for p in sorted(real.rglob("*"))
+        str(p.relative_to(members)): p.read_bytes()
+        for p in sorted(members.rglob("*"))
         if p.is_file() and p.name != ".complete"
     }
     for name, old, new in SWITCHES:
         key = f"torch/share/cmake/{name}"
-        files[key] = _switch(files[key], old, new, name)
+        files[key] = _switch(files[key].decode(), old, new, name).encode()
     for name in ("Caffe2/Caffe2Targets.cmake", "Caffe2/Caffe2Targets-release.cmake"):
         key = f"torch/share/cmake/{name}"
-        text = _without_nvshmem(files[key], name)
+        text = _without_nvshmem(files[key].decode(), name)
         for old, new in RENAMES:
             text = text.replace(old, new)
-        files[key] = text
-    return {name: text.encode() for name, text in files.items()}
+        files[key] = text.encode()
+    return files

@@ -43,6 +43,7 @@ from vllm_bundle.inputs.sdist_requirements import filter_torch_family
 from vllm_bundle.inputs.triton_kernels import extract_package
 from vllm_bundle.recipes import ExtensionRule, Target
 from vllm_bundle.tree.assemble import install_into
+from vllm_bundle.tree.build_requirements import require_build_tools
 from vllm_bundle.tree.relocate import files_mentioning
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_wheel
@@ -168,6 +169,7 @@ def expand_devel(site: Path, core: Path) -> Path:
     except tarfile.TarError as err:
         raise UnsafeArchiveError(f"cannot read rocm-sdk-devel's {tarball.name}: {err}", "re-fetch it") from None
     root = site / DEVEL
+    compilers(root)  # the more telling error first, when it is the compiler that is missing
     _require_no_dangling_links(root, site)
     _hard_link_file_symlinks(root)
     return root
@@ -183,11 +185,16 @@ def _require_no_dangling_links(root: Path, site: Path) -> None:
     # libfoo.so -> libfoo.so.1, dangles only because of it).
     first = min(dangling, key=lambda p: ("/" not in str(p.readlink()), p))
     target = first.resolve()  # strict=False: as far as the links lead
-    inside = target.is_relative_to(site.resolve())
-    missing = target.relative_to(site.resolve()).parts[0] if inside else str(target)
+    if target.is_relative_to(site.resolve()):
+        wheel_dir, *rest = target.relative_to(site.resolve()).parts
+        exists = (site / wheel_dir).exists()
+        missing = f"{'/'.join(rest)} is not in the site stage's {wheel_dir}" if exists else ""
+        missing = missing or f"{wheel_dir} is not in the site stage"
+    else:
+        missing = f"{target} does not exist"
     raise BuildError(
         f"the ROCm SDK's devel tree has {len(dangling)} link(s) to nothing, e.g. "
-        f"{first.relative_to(root.parent)} -> {first.readlink()} ({missing} is not in the site stage)",
+        f"{first.relative_to(root.parent)} -> {first.readlink()} ({missing})",
         "the lock's rocm-sdk-core, rocm-sdk-libraries and rocm-sdk-devel must be one ROCm release, "
         "all three installed; re-lock",
     )
@@ -445,6 +452,8 @@ def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: P
             env, extra = rocm_setup(target, build.rocm, build.python, scratch, out.parent)
             bin_dirs = [shims, *extra, build.python.parent]
         env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
+        if build.rocm is not None:
+            require_build_tools(source, [scratch / "site", build.rocm.site_packages], env)
         wheel = build_wheel(source, build.python, env, scratch, out, log)
         if build.rocm is None:
             return {"wheel": wheel.name, "device": "python-only"}
