@@ -42,14 +42,33 @@ DISTRIBUTIONS: list[tuple[str, str, list[str]]] = [
             "Requires-Dist: tomli; python_version < '3.11'",  # installed, but not for the bundle's 3.12
             "Requires-Dist: typing-extensions; python_version >= '3.12' and sys_platform == 'linux'",
             "Requires-Dist: pywin32; sys_platform == 'win32'",
+            # what vLLM's setup.py adds for each ISA it built for (vllm-0.33.0 setup.py:1531-1546)
+            "Requires-Dist: torch[device-gfx1151]",
+            "Requires-Dist: torchvision[device-gfx1151]",
+            "Requires-Dist: rocm[device-gfx1151]",
         ],
     ),
-    ("torch", "2.12.0+rocm7.14.0", ["License-Expression: BSD-3-Clause", "Requires-Dist: rocm[libraries]==7.14.0"]),
+    (
+        "torch",
+        "2.12.0+rocm7.14.0",
+        [
+            "License-Expression: BSD-3-Clause",
+            "Requires-Dist: rocm[libraries]==7.14.0",
+            "Requires-Dist: amd-torch-device-gfx1151==2.12.0+rocm7.14.0; extra == 'device-gfx1151'",
+            "Requires-Dist: amd-torch-device-gfx1100==2.12.0+rocm7.14.0; extra == 'device-gfx1100'",
+        ],
+    ),
+    ("amd-torch-device-gfx1151", "2.12.0+rocm7.14.0", ["Requires-Dist: torch==2.12.0+rocm7.14.0"]),
     (
         "rocm",
         "7.14.0",
-        ["Requires-Dist: rocm-sdk-core==7.14.0", "Requires-Dist: rocm-sdk-libraries==7.14.0; extra == 'libraries'"],
+        [
+            "Requires-Dist: rocm-sdk-core==7.14.0",
+            "Requires-Dist: rocm-sdk-libraries==7.14.0; extra == 'libraries'",
+            "Requires-Dist: rocm-sdk-device-gfx1151==7.14.0; extra == 'device-gfx1151'",
+        ],
     ),
+    ("rocm-sdk-device-gfx1151", "7.14.0", []),
     ("rocm_sdk_core", "7.14.0", []),
     ("rocm-sdk-libraries", "7.14.0", ["Requires-Dist: rocm-sdk-core==7.14.0"]),
     (
@@ -267,10 +286,12 @@ def test_dependencies(sbom: dict[str, Any]) -> None:
     graph = depends_on(sbom)
     ref = {c["name"]: c["bom-ref"] for c in sbom["components"]}
     assert graph[TAG] == ROOT_DEPENDS_ON, "the bundle depends on its named components"
-    assert graph[ref["vllm"]] == {ref[n] for n in ("torch", "FastAPI", "sentencepiece", "typing_extensions")}
+    vllm_needs = ("torch", "torchvision", "rocm", "FastAPI", "sentencepiece", "typing_extensions")
+    assert graph[ref["vllm"]] == {ref[n] for n in vllm_needs}
     assert graph[ref["FastAPI"]] == {ref["uvicorn"]}, "[standard] is asked for, [all] is not"
-    assert graph[ref["torch"]] == {ref["rocm"]}
-    assert graph[ref["rocm"]] == {ref["rocm_sdk_core"], ref["rocm-sdk-libraries"]}, "torch asks for rocm[libraries]"
+    assert graph[ref["torch"]] == {ref["rocm"], ref["amd-torch-device-gfx1151"]}, "vLLM asks for [device-gfx1151]"
+    rocm_needs = {ref["rocm_sdk_core"], ref["rocm-sdk-libraries"], ref["rocm-sdk-device-gfx1151"]}
+    assert graph[ref["rocm"]] == rocm_needs, "torch asks for rocm[libraries], vLLM for rocm[device-gfx1151]"
     assert graph[ref["torchvision"]] == {ref["torch"]}
     assert graph[ref["httpx"]] == graph[ref["tomli"]] == graph[ref["CPython (python-build-standalone)"]] == set()
 
@@ -278,4 +299,5 @@ def test_dependencies(sbom: dict[str, Any]) -> None:
 def test_markers_are_the_bundles_python_not_the_hosts(site: Path) -> None:
     older = json.loads(build_sbom(TAG, site, {**VERSIONS, "python": "3.10.16"}, WHEELS, ARTIFACTS, date=DATE))
     ref = {c["name"]: c["bom-ref"] for c in older["components"]}
-    assert depends_on(older)[ref["vllm"]] == {ref[n] for n in ("torch", "FastAPI", "sentencepiece", "tomli")}
+    needs = ("torch", "torchvision", "rocm", "FastAPI", "sentencepiece", "tomli")
+    assert depends_on(older)[ref["vllm"]] == {ref[n] for n in needs}

@@ -311,3 +311,25 @@ def test_a_build_that_loses_an_isa_fails_in_one_line(rdna3: Path, upstream: Upst
     last = assert_one_line_error(result, "the ROCm build of vLLM 0.33.0 is not fit for gfx110X", quotes_a_log=True)
     assert "has no code objects for gfx1103 (it has gfx1100, gfx1101, gfx1102)" in last
     assert not (tmp_path / "build" / "gfx110X" / "vllm-wheel").exists(), "nothing stamped"
+
+
+@pytest.mark.parametrize("tool", ["setuptools-scm", "setuptools-rust"])
+def test_a_lock_whose_build_group_loses_a_build_tool_fails_before_the_build(
+    locked: Path, upstream: UpstreamServer, tmp_path: Path, tool: str
+) -> None:
+    """vLLM's pyproject.toml asks for setuptools-scm and setuptools-rust (setup.py imports both): a build
+    group without one (here dropped by the recipe) stops the bundle in one line, before setup.py runs."""
+    recipes = tmp_path / "recipes"
+    shutil.copytree(locked, recipes)
+    components = recipes / "components.toml"
+    text = components.read_text()
+    assert text.count('drop-requirements = ["torch",') == 1
+    components.write_text(text.replace('drop-requirements = ["torch",', f'drop-requirements = ["{tool}", "torch",'))
+    assert lock_against(upstream, recipes, "gfx1151", tmp_path / "cache").returncode == 0
+    pylock = tomllib.loads((recipes / "locks" / "stable" / "pylock.gfx1151.toml").read_text())
+    assert tool not in {p["name"] for p in pylock["packages"]}
+    result = run_cli(*bundle_args(recipes, upstream, tmp_path / "build", tmp_path / "cache"), timeout=600)
+    last = assert_one_line_error(result, f"vLLM's build needs {tool}>=", "the build group lacks it", "re-lock")
+    assert "Traceback" not in result.stdout + result.stderr, "setup.py never ran"
+    assert not (tmp_path / "build" / "gfx1151" / "vllm-wheel").exists(), "nothing stamped"
+    assert last.startswith("error: ")

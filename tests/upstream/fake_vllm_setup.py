@@ -12,6 +12,11 @@ nothing but the bundle's interpreter and the locked build tools):
   ``-DROCM_PATH`` and ``$CMAKE_ARGS`` last; builds every extension target in one call with ``-j=$MAX_JOBS``
   and installs each component (setup.py:215-399, 1549-1620);
 - the version's local part is ``rocm<major><minor>`` of the ROCm version (setup.py:646-651, 1383-1389);
+- a ROCm build's METADATA requires ``requirements/rocm.txt`` and, where ``rocm_sdk`` is importable (TheRock's
+  torch), ``torch[device-<isa>]``, ``torchvision[device-<isa>]`` and ``rocm[device-<isa>]`` for every ISA of
+  ``$PYTORCH_ROCM_ARCH`` (setup.py:1473-1546, ``get_rocm_device_requirements``); its wheel is tagged for
+  the building interpreter, ``cp3X-cp3X-linux_x86_64`` (what the real build makes:
+  tests/test_vllm_build_system.py);
 - the Rust frontend ``vllm/vllm-rs`` is built only where ``rustc -V`` works (setuptools-rust skips an
   optional extension otherwise, tools/build_rust.py);
 - the wheel's zip entries carry ``$SOURCE_DATE_EPOCH`` when set, else the files' times (never before
@@ -132,8 +137,20 @@ def _requirements(source: pathlib.Path, name: str) -> list[str]:
     return lines
 
 
+def _rocm_device_requirements() -> list[str]:
+    import importlib.util
+
+    if importlib.util.find_spec("rocm_sdk") is None:
+        return []
+    arches = [a for a in os.environ.get("PYTORCH_ROCM_ARCH", "").split(";") if a]
+    return [f"{pkg}[device-{arch}]" for pkg in ("torch", "torchvision", "rocm") for arch in arches]
+
+
 def _metadata(source: pathlib.Path, version: str, is_hip: bool) -> bytes:
-    requires = _requirements(source, "rocm.txt" if is_hip else "common.txt")
+    if is_hip:
+        requires = _requirements(source, "rocm.txt") + _rocm_device_requirements()
+    else:
+        requires = _requirements(source, "common.txt")
     lines = ["Metadata-Version: 2.1", "Name: vllm", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
     return ("\n".join(lines) + "\n").encode()
 
@@ -157,7 +174,10 @@ def build_wheel(wheel_directory: str, config_settings: object = None, metadata_d
     if is_hip:
         files.update(_cmake_extensions(source, device))
     files.update(_rust_frontend(source))
-    tag = "cp38-abi3-linux_x86_64" if is_hip else "py3-none-any"
+    import sys
+
+    cp = "cp{}{}".format(*sys.version_info[:2])
+    tag = f"{cp}-{cp}-linux_x86_64" if is_hip else "py3-none-any"
     name = f"vllm-{version}-{tag}.whl"
     info = f"vllm-{version}.dist-info"
     generated = {

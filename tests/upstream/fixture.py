@@ -331,6 +331,18 @@ else()
 endif()
 """
 TRITON_KERNELS_COMMIT = "669b31acc1dd1b3fd93286afd5db67f65d9f7557"
+#: vllm-0.33.0 pyproject.toml [build-system] requires.
+VLLM_BUILD_SYSTEM_REQUIRES = (
+    "cmake>=3.26.1",
+    "ninja",
+    "packaging>=24.2",
+    "setuptools>=77.0.3,<81.0.0",
+    "setuptools-scm>=8.0",
+    "setuptools-rust>=1.9.0",
+    "torch == 2.14.0",
+    "wheel",
+    "jinja2",
+)
 # Each native source names itself through __FILE__ (as vLLM's TORCH_CHECK messages do): a build that
 # maps no prefixes puts its build directory into the library. The first source of each extension makes
 # it a Python module, as vLLM's are (tier 1's probe imports them).
@@ -447,8 +459,12 @@ def _fixture_vllm_sdist(files: Path) -> Path:
     top = f"vllm-{VLLM_VERSION}"
     contents = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n".encode(),
+        # vllm-0.33.0's own [build-system] requires (the stage checks the build group against them), with the
+        # fixture's backend
         f"{top}/pyproject.toml": (
-            b"[build-system]\nrequires = []\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
+            b"[build-system]\nrequires = [\n"
+            + b"".join(f'    "{r}",\n'.encode() for r in VLLM_BUILD_SYSTEM_REQUIRES)
+            + b"]\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
         ),
         f"{top}/_build/fixture_backend.py": Path(__file__).with_name("fake_vllm_setup.py").read_bytes(),
         f"{top}/CMakeLists.txt": VLLM_CMAKE.encode(),
@@ -478,7 +494,8 @@ def _fixture_vllm_sdist(files: Path) -> Path:
             b"# Common dependencies\n-r ../common.txt\n\n\n"
             b"--extra-index-url https://repo.amd.com/rocm/whl-multi-arch/\n"
             b"torch==2.12.0+rocm7.14.0\ntorchvision==0.27.0+rocm7.14.0\ntriton==3.7.1+git0263a6a6\n"
-            b"cmake>=3.26.1,<4\nsetuptools>=78.1.1,<80.0.0\nwheel\namdsmi==7.0.2\n"
+            b"cmake>=3.26.1,<4\npackaging>=26.2\nsetuptools>=78.1.1,<80.0.0\nsetuptools-scm>=8\n"
+            b"setuptools-rust>=1.9.0\nwheel\njinja2>=3.1.6\namdsmi==7.0.2\n"
         ),
         f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.12.0\n",
     }
@@ -587,7 +604,8 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
                 fx.serve(owner_index(where, index, owner), paths)
     fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
     served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)]
-    fx.serve(PYPI, [*served, _hard_link(real.ziglang, files), _hard_link(real.ninja, files)])
+    real_files = [real.ziglang, real.ninja, *real.build_tools]
+    fx.serve(PYPI, [*served, *(_hard_link(path, files) for path in real_files)])
     write_index(fx)
     flat_mirror(fx)
     statuses = {f"/{where}/": facts.missing_project for where in fx.indexes if (facts := _index_facts(where))}

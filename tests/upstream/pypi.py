@@ -12,7 +12,9 @@ the pipeline (UPSTREAM-FACTS.md):
   PyPI's wheel carries) and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt);
   ``ninja``, needed at run time too (requirements/common.txt), is PyPI's real wheel (served by the fixture,
   real_wheels.py): its ``ninja`` is the binary itself, installed as a script, where a console script
-  would run the ``ninja`` package a build's PYTHONPATH may shadow;
+  would run the ``ninja`` package a build's PYTHONPATH may shadow; setuptools-scm, setuptools-rust, jinja2
+  and packaging (with semantic-version and markupsafe), which vLLM's build requires (pyproject.toml,
+  requirements/build/rocm.txt), are PyPI's real wheels too (real_wheels.py ``SERVED_BUILD_TOOLS``);
 - ziglang, the C toolchain of components.toml's ``[toolchain]``: the real 0.17.1 wheel (real_wheels.py,
   served by the fixture) and a small stand-in the shared test recipes pin (``ziglang_stand_in``);
 - the CUDA builds a ROCm closure meets on PyPI, from facts.toml ([[pypi]]): torchvision 0.27.0 built for

@@ -132,6 +132,13 @@ BUILD_TOOLS = (
         45_571,
     ),
 )
+#: The build tools the fake PyPI serves as PyPI has them (it has stand-ins for cmake, setuptools, wheel and
+#: typing-extensions, and serves the real ninja): the lock puts them in the build group.
+SERVED_BUILD_TOOLS = tuple(
+    pin
+    for pin in BUILD_TOOLS
+    if pin.project in ("setuptools-scm", "setuptools-rust", "semantic-version", "jinja2", "packaging")
+)
 MARKUPSAFE = {
     "cp311": Pinned(
         "markupsafe",
@@ -179,6 +186,7 @@ TRITON_AMD_FILES = ("driver.c", "include/")
 class RealWheels:
     ziglang: Path  # the wheel, under its own file name
     ninja: Path  # the wheel, under its own file name (served on the fake PyPI)
+    build_tools: list[Path]  # vLLM's build tools the fake PyPI has no stand-in for, under their own names
     triton_amd: Path  # a directory: the real triton/backends/amd/driver.c and include/
     torch: dict[str, Path]  # torch version -> the members of its real wheel the fixture's torch carries
     cmake: Path  # a directory: the real cmake wheel unpacked (its data/bin/cmake runs)
@@ -258,12 +266,16 @@ def torch_members(downloads: Path, pin: Pinned) -> Path:
     return kept
 
 
+def markupsafe_pin(cp: str) -> Pinned:
+    if cp not in MARKUPSAFE:
+        raise RuntimeError(f"no real markupsafe wheel pinned for {cp}: add it to tests/upstream/real_wheels.py")
+    return MARKUPSAFE[cp]
+
+
 def build_tools(downloads: Path, cp: str, dest: Path) -> dict[Path, str]:
     """vLLM's build tools (``BUILD_TOOLS``) as wheel files under their own names in ``dest`` -> sha256,
     each checked against the pin (a build group, as the vllm-wheel stage takes it)."""
-    if cp not in MARKUPSAFE:
-        raise RuntimeError(f"no real markupsafe wheel pinned for {cp}: add it to tests/upstream/real_wheels.py")
-    pins = [*BUILD_TOOLS, MARKUPSAFE[cp]]
+    pins = [*BUILD_TOOLS, markupsafe_pin(cp)]
     fetched = fetch_pinned(downloads, pins)
     dest.mkdir(parents=True, exist_ok=True)
     named = {}
@@ -308,11 +320,13 @@ def _named(fetched: dict[str, Path], pin: Pinned, work: Path) -> Path:
 def real_wheels(downloads: Path, cp: str, work: Path) -> RealWheels:
     """Download (once) and unpack what the fake upstream needs from the real wheels, into ``work``."""
     triton = triton_pin(cp)
-    fetched = fetch_pinned(downloads, [ZIGLANG, NINJA, triton, CMAKE])
+    served = [*SERVED_BUILD_TOOLS, markupsafe_pin(cp)]
+    fetched = fetch_pinned(downloads, [ZIGLANG, NINJA, triton, CMAKE, *served])
     work.mkdir(parents=True, exist_ok=True)
     return RealWheels(
         _named(fetched, ZIGLANG, work),
         _named(fetched, NINJA, work),
+        [_named(fetched, pin, work) for pin in served],
         _extract_triton_amd(fetched[triton.filename], work / "triton-amd"),
         {version: torch_members(downloads, pin) for version, pin in TORCH.items()},
         _unpack_cmake(fetched[CMAKE.filename], work / "cmake"),

@@ -18,8 +18,9 @@ It uses the site stage's interpreter (torch and the SDK's core as the bundle has
 group first on ``PYTHONPATH``, never ``rocm-sdk path`` or ``init`` (they expand the devel tarball into the
 interpreter's own site-packages and append to other wheels' RECORD files). The environment holds only
 what this module sets (no variable of the builder's leaks in), no network (dead proxies, no index,
-FetchContent disconnected), no compiler launcher and prefix maps (the same bytes on every builder), and
-the wheel is checked before the stage is stamped: every extension this vLLM version builds for ROCm, with
+FetchContent disconnected), no compiler launcher and prefix maps (the same bytes on every builder). What
+vLLM's build asks for is checked before it runs (build_requirements.py: its build-system requires, the
+programs its CMake runs), and the wheel is checked before the stage is stamped: every extension this vLLM version builds for ROCm, with
 code objects for every ISA of the target in each HIP one.
 """
 
