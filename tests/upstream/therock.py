@@ -17,7 +17,11 @@ matter, each with its source) and from what those facts leave to the builder:
   (fake_rocm_devel.py; ROCm/TheRock@89553ce build_tools/_therock_utils/py_packaging.py
   populate_devel_files, templates/rocm-sdk-core/setup.py, base/aux-overlay/CMakeLists.txt);
 - the fake compiler is Debian's clang-19 (real AMDGPU code objects) behind a wrapper that finds its ROCm
-  root, device libraries and headers as TheRock's clang does (``compiler_wrapper``).
+  root, device libraries and headers as TheRock's clang does (``compiler_wrapper``), and compiles each
+  translation unit of a torch extension (vLLM's real sources, which need ROCm's and torch's headers) from
+  a small stand-in with the command line CMake gave;
+- the SDK's CMake packages (rocm_cmake.py) and torch's (torch_cmake.py: a real torch wheel's, configured
+  for ROCm), with the libraries they name: the runtime in core, the math libraries in rocm-sdk-libraries.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ interpreter's own site-packages and append to other wheels' RECORD files). The e
 what this module sets (no variable of the builder's leaks in), no network (dead proxies, no index,
 FetchContent disconnected), no compiler launcher and prefix maps (the same bytes on every builder). What
 vLLM's build asks for is checked before it runs (build_requirements.py: its build-system requires, the
-programs its CMake runs), and the wheel is checked before the stage is stamped: every extension this vLLM version builds for ROCm, with
-code objects for every ISA of the target in each HIP one.
+programs its CMake runs), and the wheel is checked before the stage is stamped: every extension this
+vLLM version builds for ROCm, with code objects for every ISA of the target in each HIP one.
 """
 
 from __future__ import annotations
@@ -186,13 +186,15 @@ def _require_no_dangling_links(root: Path, site: Path) -> None:
     # libfoo.so -> libfoo.so.1, dangles only because of it).
     first = min(dangling, key=lambda p: ("/" not in str(p.readlink()), p))
     target = first.resolve()  # strict=False: as far as the links lead
-    if target.is_relative_to(site.resolve()):
-        wheel_dir, *rest = target.relative_to(site.resolve()).parts
-        exists = (site / wheel_dir).exists()
-        missing = f"{'/'.join(rest)} is not in the site stage's {wheel_dir}" if exists else ""
-        missing = missing or f"{wheel_dir} is not in the site stage"
-    else:
+    if not target.is_relative_to(site.resolve()):
         missing = f"{target} does not exist"
+    else:
+        wheel_dir, *rest = target.relative_to(site.resolve()).parts
+        missing = (
+            f"{'/'.join(rest)} is not in the site stage's {wheel_dir}"
+            if (site / wheel_dir).exists()
+            else f"{wheel_dir} is not in the site stage"
+        )
     raise BuildError(
         f"the ROCm SDK's devel tree has {len(dangling)} link(s) to nothing, e.g. "
         f"{first.relative_to(root.parent)} -> {first.readlink()} ({missing})",
