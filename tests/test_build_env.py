@@ -107,3 +107,20 @@ def test_max_jobs_is_bounded_by_cores_and_memory(monkeypatch: pytest.MonkeyPatch
     assert max_jobs() == 24 // vllm_build.GIB_PER_COMPILE_JOB
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert max_jobs() == 2
+
+
+def test_a_devel_link_to_a_file_its_wheel_lacks_is_named_in_one_line(tmp_path: Path) -> None:
+    """TheRock's devel tree links each runtime file into its wheel's directory: a link whose wheel is
+    there but not the file names the file (a wheel missing altogether is tests/test_vllm_build_system.py's)."""
+    site = tmp_path / "site"
+    (site / "_rocm_sdk_libraries" / "lib").mkdir(parents=True)
+    (site / "_rocm_sdk_devel" / "lib").mkdir(parents=True)
+    (site / "_rocm_sdk_devel" / "lib" / "librocblas.so.5").symlink_to("../../_rocm_sdk_libraries/lib/librocblas.so.5")
+    (site / "_rocm_sdk_devel" / "lib" / "librocblas.so").symlink_to("librocblas.so.5")
+    with pytest.raises(BuildError) as raised:
+        vllm_build._require_no_dangling_links(site / "_rocm_sdk_devel", site)
+    assert str(raised.value).startswith(
+        "the ROCm SDK's devel tree has 2 link(s) to nothing, e.g. _rocm_sdk_devel/lib/librocblas.so.5 -> "
+        "../../_rocm_sdk_libraries/lib/librocblas.so.5 (lib/librocblas.so.5 is not in the site stage's "
+        "_rocm_sdk_libraries) ("
+    )
