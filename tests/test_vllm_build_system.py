@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, TEST_DOWNLOADS
+from tests.conftest import REPO, TEST_DOWNLOADS, VllmSdists
 from tests.upstream.fixture import CP, PYTHON_MINOR, TORCH_VERSION, TRITON_KERNELS_COMMIT, Fixture
 from tests.upstream.real_wheels import build_tools, cmake_binary
 from tests.upstream.therock import ROCM_SDK_INIT
@@ -58,7 +58,7 @@ REPORT = 'message(STATUS "vllm-bundle test: Torch ${Torch_VERSION}, HIP found: $
 
 
 @pytest.fixture(scope="module")
-def real_source(vllm_sdist, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def real_source(vllm_sdist: VllmSdists, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real vLLM 0.33.0 source release, patched by the vllm-src stage."""
     sdist = vllm_sdist("0.33.0")
     out = tmp_path_factory.mktemp("real-vllm") / "vllm-src"
@@ -111,7 +111,9 @@ def _prepare(site: Layout, group: dict[Path, str], fixture_tree: Fixture, scratc
     return {**vllm_build.base_environment(scratch, bins, SOURCE_DATE, 2), **env}
 
 
-def _configure(project: Path, env: dict[str, str], python: Path, fixture_tree: Fixture, build: Path):  # type: ignore[no-untyped-def]
+def _configure(
+    project: Path, env: dict[str, str], python: Path, fixture_tree: Fixture, build: Path
+) -> subprocess.CompletedProcess[str]:
     """setup.py's configure call (vllm-0.33.0:setup.py:256-330): the source, -DVLLM_TARGET_DEVICE,
     -DVLLM_PYTHON_EXECUTABLE, -DROCM_PATH, $CMAKE_ARGS last; Unix Makefiles (the build is not run)."""
     command = [str(cmake_binary(fixture_tree.root / "_real" / "cmake")), str(project), "-G", "Unix Makefiles"]
@@ -209,8 +211,8 @@ class RealBuild:
 
 
 @pytest.fixture(scope="module")
-def real_build(  # type: ignore[no-untyped-def]
-    built: Path, locked: Path, fixture_tree: Fixture, real_source: Path, tmp_path_factory
+def real_build(
+    built: Path, locked: Path, fixture_tree: Fixture, real_source: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> RealBuild:
     """One real build of vLLM 0.33.0 for gfx1151 by the vllm-wheel stage's own ``run_build``, shared by
     the tests that read its result."""
