@@ -330,7 +330,6 @@ def test_a_lock_whose_build_group_loses_a_build_tool_fails_before_the_build(
     pylock = tomllib.loads((recipes / "locks" / "stable" / "pylock.gfx1151.toml").read_text())
     assert tool not in {p["name"] for p in pylock["packages"]}
     result = run_cli(*bundle_args(recipes, upstream, tmp_path / "build", tmp_path / "cache"), timeout=600)
-    last = assert_one_line_error(result, f"vLLM's build needs {tool}>=", "the build group lacks it", "re-lock")
-    assert "Traceback" not in result.stdout + result.stderr, "setup.py never ran"
+    assert_one_line_error(result, f"vLLM's build needs {tool}>=", "the build group lacks it", "re-lock")
+    assert not (tmp_path / "build" / "gfx1151" / "logs" / "vllm-wheel.log").exists(), "setup.py never ran"
     assert not (tmp_path / "build" / "gfx1151" / "vllm-wheel").exists(), "nothing stamped"
-    assert last.startswith("error: ")

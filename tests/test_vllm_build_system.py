@@ -33,7 +33,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, TEST_DOWNLOADS, VllmSdists
-from tests.upstream.fixture import CP, PYTHON_MINOR, TORCH_VERSION, TRITON_KERNELS_COMMIT, Fixture
+from tests.upstream.fixture import (
+    CP,
+    PYTHON_MINOR,
+    TORCH_VERSION,
+    TRITON_KERNELS_COMMIT,
+    VLLM_BUILD_SYSTEM_REQUIRES,
+    Fixture,
+)
 from tests.upstream.real_wheels import build_tools, cmake_binary
 from tests.upstream.therock import ROCM_SDK_INIT
 from vllm_bundle.errors import BuildError
@@ -51,6 +58,7 @@ SOURCE_DATE = 1_763_596_800
 FIND_TORCH = "find_package(Torch REQUIRED)\n"
 #: ... and through the end of the block that patches a torch 2.13 header (CMakeLists.txt:409-441).
 SHADOW_HEADERS = '      include_directories(BEFORE "${TORCH_SHADOW_INCLUDE_DIR}")\n    endif()\n  endif()\n'
+BUILD = "requirements/build/rocm.txt"
 REPORT = 'message(STATUS "vllm-bundle test: Torch ${Torch_VERSION}, HIP found: ${PYTORCH_FOUND_HIP}")\n'
 
 
@@ -200,6 +208,27 @@ def test_the_fixture_devel_tree_links_as_therock_does(fixture_tree: Fixture, tmp
     assert links["_rocm_sdk_devel/lib/libMIOpen.so"] == "libMIOpen.so.1"
 
 
+def _sdist_texts(sdist: Path, names: tuple[str, ...]) -> dict[str, str]:
+    with tarfile.open(sdist) as archive:
+        members = {name: archive.extractfile(f"vllm-0.33.0/{name}") for name in names}
+        return {name: member.read().decode() for name, member in members.items() if member is not None}
+
+
+def test_the_fixture_sdist_asks_for_the_build_tools_the_real_one_does(
+    vllm_sdist: VllmSdists, fixture_tree: Fixture
+) -> None:
+    """The fixture's vLLM copies 0.33.0's [build-system] requires and build requirement lines (fixture.py),
+    which the stage checks every test bundle's build group against: they are the real sdist's."""
+    files = {
+        "real": _sdist_texts(vllm_sdist("0.33.0"), ("pyproject.toml", BUILD)),
+        "fake": _sdist_texts(fixture_tree.files["vllm-0.33.0.tar.gz"], ("pyproject.toml", BUILD)),
+    }
+    requires = {which: tomllib.loads(f["pyproject.toml"])["build-system"]["requires"] for which, f in files.items()}
+    assert requires["fake"] == requires["real"] == list(VLLM_BUILD_SYSTEM_REQUIRES)
+    real_lines = set(files["real"][BUILD].splitlines())
+    assert [line for line in files["fake"][BUILD].splitlines() if line not in real_lines] == []
+
+
 # -- the whole build: setup.py, CMake, hipify, targets, link, install -------------------------------------
 
 
@@ -240,11 +269,13 @@ def test_the_real_setup_py_and_cmake_build_vllm_for_the_target(real_build: RealB
     assert "-- HIP supported arches: " in log and "gfx1151" in log.split("-- HIP supported arches: ")[1].split("\n")[0]
     assert "-- Building skinny_gemms for archs: gfx1151\n" in log, "vLLM's own CMake chose the target's ISA"
     assert "Running hipify on all extension source files." in log, "cmake/hipify.py through torch.utils.hipify"
-    assert "-- [triton_kernels] Fetch from " in log and "triton-kernels" in log, "TRITON_KERNELS_SRC_DIR"
+    (fetch,) = [line for line in log.splitlines() if line.startswith("-- [triton_kernels] Fetch from ")]
+    assert "/.vllm-wheel.build/triton-kernels/" in fetch, "TRITON_KERNELS_SRC_DIR, the locked source"
     assert "Building HIP object CMakeFiles/_C_stable_libtorch.dir/csrc/activation_kernels.hip.o" in log, "hipified"
     for name in RULE.device_code:
         assert f"Linking HIP shared module {name}.abi3.so" in log, name
-        assert "-- Installing: " in log and f"/vllm/{name}.abi3.so" in log, name
+        installed = f"/vllm/{name}.abi3.so"
+        assert any(line.startswith("-- Installing: ") and line.endswith(installed) for line in log.splitlines()), name
     assert "running build_rust\n" in log and "can't find Rust compiler" in log, "the Rust frontend: skipped"
 
 

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 
@@ -82,8 +84,6 @@ def _cmake_extensions(source: pathlib.Path, device: str) -> dict[str, pathlib.Pa
     launcher = launcher or ("ccache" if shutil.which("ccache") else None)
     if launcher:
         args += [f"-DCMAKE_{lang}_COMPILER_LAUNCHER={launcher}" for lang in ("C", "CXX", "CUDA", "HIP")]
-    import sys
-
     args += [f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}", f"-DFETCHCONTENT_BASE_DIR={source / '.deps'}"]
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     if generator:
@@ -138,8 +138,6 @@ def _requirements(source: pathlib.Path, name: str) -> list[str]:
 
 
 def _rocm_device_requirements() -> list[str]:
-    import importlib.util
-
     if importlib.util.find_spec("rocm_sdk") is None:
         return []
     arches = [a for a in os.environ.get("PYTORCH_ROCM_ARCH", "").split(";") if a]
@@ -174,8 +172,6 @@ def build_wheel(wheel_directory: str, config_settings: object = None, metadata_d
     if is_hip:
         files.update(_cmake_extensions(source, device))
     files.update(_rust_frontend(source))
-    import sys
-
     cp = "cp{}{}".format(*sys.version_info[:2])
     tag = f"{cp}-{cp}-linux_x86_64" if is_hip else "py3-none-any"
     name = f"vllm-{version}-{tag}.whl"

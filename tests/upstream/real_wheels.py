@@ -11,7 +11,7 @@ sha256 and size pinned here (computed from the bytes PyPI served, and equal to w
   ``HIPUtils``, python/triton/runtime/build.py ``_build``).
 - ninja 1.13.2: served on the fake PyPI (vLLM's run-time requirement and build tool).
 - cmake 3.31.10: the CMake that runs vLLM's own CMake code in the tests (test_vllm_build_system.py).
-- torch 2.12.0 (read by HTTP range, never downloaded whole: 532 MB): the CMake package a torch wheel
+- torch 2.12.0 and 2.13.0 (read by HTTP range, never downloaded whole: 0.5 GB each): the CMake package a torch wheel
   installs (``torch/share/cmake/{Torch,Caffe2,ATen}``, ``Caffe2/public/LoadHIP.cmake``), which the
   fixture's torch carries configured for ROCm (torch_cmake.py), and the modules vLLM's build runs
   (``torch.utils.cpp_extension``, ``torch.utils.hipify``). Each member is checked against the size and
@@ -70,16 +70,16 @@ CMAKE = Pinned(
     "2f766bb46367e5e0559fa33184653754bce044583a06014dcaebf8e6dff8a1f1",
     27_808_794,
 )
-#: vLLM 0.33.0's build tools (requirements/build/rocm.txt: cmake>=3.26.1,<4, packaging>=26.2,
-#: setuptools>=78.1.1,<80, setuptools-scm>=8, setuptools-rust>=1.9.0, wheel, jinja2>=3.1.6; pyproject.toml:
-#: ninja) with what they require (semantic-version, markupsafe), and typing-extensions, which
-#: torch.utils.cpp_extension imports (torch requires it).
 NINJA = Pinned(
     "ninja",
     "ninja-1.13.2-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
     "65a24341b5ac09fcadcc37082660be40a94174e51a937fabf6e2cae26225fa2c",
     183_365,
 )
+#: vLLM 0.33.0's build tools (requirements/build/rocm.txt: cmake>=3.26.1,<4, packaging>=26.2,
+#: setuptools>=78.1.1,<80, setuptools-scm>=8, setuptools-rust>=1.9.0, wheel, jinja2>=3.1.6; pyproject.toml:
+#: ninja) with what they require (semantic-version, markupsafe), and typing-extensions, which
+#: torch.utils.cpp_extension imports (torch requires it).
 BUILD_TOOLS = (
     CMAKE,
     NINJA,
@@ -278,16 +278,7 @@ def build_tools(downloads: Path, cp: str, dest: Path) -> dict[Path, str]:
     pins = [*BUILD_TOOLS, markupsafe_pin(cp)]
     fetched = fetch_pinned(downloads, pins)
     dest.mkdir(parents=True, exist_ok=True)
-    named = {}
-    for pin in pins:
-        path = dest / pin.filename
-        if not path.exists():
-            try:
-                path.hardlink_to(fetched[pin.filename])
-            except OSError:  # another file system
-                shutil.copyfile(fetched[pin.filename], path)
-        named[path] = pin.sha256
-    return named
+    return {_named(fetched, pin, dest): pin.sha256 for pin in pins}
 
 
 def cmake_binary(unpacked: Path) -> Path:

@@ -1,6 +1,7 @@
-"""What the fixture's torch takes from a real torch wheel (PyPI's torch 2.12.0, read by range in
-real_wheels.py): its CMake package ``torch/share/cmake``, configured as a ROCm build configures it, and the
-pure-Python modules vLLM's build runs (``torch.utils.cpp_extension``, ``torch.utils.hipify``), as they are.
+"""What the fixture's torch takes from a real torch wheel (PyPI's torch 2.12.0 and 2.13.0, the releases the
+fake indexes serve, read by range in real_wheels.py): its CMake package ``torch/share/cmake``, configured as
+a ROCm build configures it, and the pure-Python modules vLLM's build runs (``torch.utils.cpp_extension``,
+``torch.utils.hipify``), as they are.
 
 PyPI's wheel is a CUDA build, so its configured files say ``USE_CUDA`` where a ROCm build says
 ``USE_ROCM``. The templates they come from are pytorch's ``cmake/Caffe2Config.cmake.in`` (``if
