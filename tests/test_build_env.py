@@ -36,7 +36,7 @@ def _devel(tmp_path: Path) -> Path:
 
 def _rocm(tmp_path: Path) -> RocmInputs:
     rule = RECIPES.vllm.extension_rule()
-    return RocmInputs(tmp_path, {}, None, "python/triton_kernels/triton_kernels", "Release", rule)
+    return RocmInputs(None, "python/triton_kernels/triton_kernels", "Release", rule)
 
 
 @pytest.mark.parametrize(("target", "arch"), [("gfx1151", "gfx1151"), ("gfx110X", "gfx1100;gfx1101;gfx1102;gfx1103")])

@@ -26,11 +26,11 @@ from tests.upstream.fixture import (
     THEROCK_MULTI_ARCH,
     THEROCK_NEXT,
     TORCH_VERSION,
-    TRITON_KERNELS_COMMIT,
     Fixture,
 )
 from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
+from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.assemble import Layout, install_wheels
@@ -139,7 +139,7 @@ def test_overlapping_names_come_from_pypi_and_therocks_own_from_therock(
         assert _project_files(fixture_tree, THEROCK_MULTI_ARCH, project) and _project_files(fixture_tree, PYPI, project)
     pylock = _pylock(locked)
     assert _package(pylock, "numpy")["version"] == "2.3.5", "TheRock's mirror has 2.9.0"
-    assert _package(pylock, "setuptools")["version"] == "79.0.0", "vLLM needs setuptools<80 (TheRock mirrors 81)"
+    assert _package(pylock, "setuptools")["version"] == "79.0.1", "vLLM needs setuptools<80 (TheRock mirrors 81)"
     assert _package(pylock, "torch")["version"] == TORCH_VERSION, "TheRock's own packages from TheRock"
 
 

@@ -5,11 +5,13 @@ vLLM only on request, the cached site stage untouched, no network, and the same 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 import tomllib
 from pathlib import Path
@@ -26,8 +28,9 @@ from tests.conftest import (
     run_cli,
     tree_digest,
 )
-from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, TRITON_KERNELS_COMMIT, VLLM_CMAKE, Fixture
+from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, Fixture
 from tests.upstream.server import UpstreamServer
+from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.util.offload import fatbin_isas
@@ -85,7 +88,9 @@ def test_the_extensions_load_and_name_no_build_path(built: Path, tmp_path: Path)
     loaded = subprocess.run([str(layout.python), "-c", code, *libraries], env=env, capture_output=True, text=True)
     assert loaded.returncode == 0, loaded.stderr
     data = (layout.site / "vllm" / "_C.abi3.so").read_bytes()
-    assert b"/vllm-bundle-build/.vllm-wheel.build/src/csrc/torch_bindings.hip" in data
+    assert b"/vllm-bundle-build/.vllm-wheel.build/src/csrc/rocm/quickreduce/torch_bindings.cpp" in data, "a real unit"
+    hipified = b"/vllm-bundle-build/.vllm-wheel.build/src/build/temp.linux-x86_64-cpython-311/csrc/"
+    assert hipified in data, "a unit hipify wrote into the build directory"
     assert str(built.resolve()).encode() not in data
 
 
@@ -195,8 +200,9 @@ PATCHED_BUILD = textwrap.dedent("""
 @pytest.mark.parametrize(
     ("change", "stage", "why"),
     [
-        # vLLM's configure step clones triton_kernels unless pointed at it; the build has no network
-        ("no-triton-kernels", "vllm-wheel", "FETCHCONTENT_FULLY_DISCONNECTED is set but triton_kernels was never"),
+        # vLLM's configure step clones triton_kernels unless pointed at it; the build has no network, and a
+        # disconnected FetchContent configures nothing, which setup.py finds when it copies the component
+        ("no-triton-kernels", "vllm-wheel", "No such file or directory: 'build/lib.linux-x86_64-cpython-3"),
         # core's compiler takes core for its ROCm root, which has no CMake packages: the devel tree's is needed
         ("core-compiler", "vllm-wheel", "does not contain the HIP runtime CMake package"),
         # TheRock turns the devel tree's file symlinks into hard links for that very reason
@@ -291,21 +297,27 @@ def test_a_multi_isa_target_gets_code_objects_for_each_isa(
         assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == {"gfx1100", "gfx1101", "gfx1102", "gfx1103"}, name
 
 
-def drop_gfx1103_patch() -> str:
-    """A patch of the fixture's CMakeLists.txt that takes gfx1103 out of HIP_SUPPORTED_ARCHS."""
-    line = next(ln for ln in VLLM_CMAKE.splitlines() if ln.startswith("set(HIP_SUPPORTED_ARCHS"))
+def drop_gfx1103_patch(sdist: Path) -> str:
+    """A patch of vLLM 0.33.0's CMakeLists.txt (in ``sdist``) that takes gfx1103 out of HIP_SUPPORTED_ARCHS."""
+    with tarfile.open(sdist) as archive:
+        member = archive.extractfile("vllm-0.33.0/CMakeLists.txt")
+        assert member is not None
+        before = member.read().decode().splitlines(keepends=True)
+    (index,) = [i for i, line in enumerate(before) if line.startswith("set(HIP_SUPPORTED_ARCHS")]
+    after = [*before[:index], before[index].replace(";gfx1103", ""), *before[index + 1 :]]
+    hunk = difflib.unified_diff(before, after, "a/CMakeLists.txt", "b/CMakeLists.txt", n=1)
     header = "Patch: drop-gfx1103\nVersions: >=0.33\nWhy: a release (or a patch) whose list lacks an ISA.\n\n"
-    hunk = ["--- a/CMakeLists.txt", "+++ b/CMakeLists.txt", "@@ -4,3 +4,3 @@", " # Supported AMD GPU architectures."]
-    hunk += [f"-{line}", f"+{line.replace(';gfx1103', '')}", " "]
-    return header + "\n".join(hunk) + "\n"
+    return header + "".join(hunk)
 
 
-def test_a_build_that_loses_an_isa_fails_in_one_line(rdna3: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+def test_a_build_that_loses_an_isa_fails_in_one_line(
+    rdna3: Path, upstream: UpstreamServer, fixture_tree: Fixture, tmp_path: Path
+) -> None:
     """vLLM drops an ISA its list lacks without failing (cmake/utils.cmake override_gpu_arches): here a
     series without the architecture check, whose patch removes gfx1103, builds kernels for three of four."""
     patches = tmp_path / "patches"
     patches.mkdir()
-    (patches / "drop-gfx1103.patch").write_text(drop_gfx1103_patch())
+    (patches / "drop-gfx1103.patch").write_text(drop_gfx1103_patch(fixture_tree.files["vllm-0.33.0.tar.gz"]))
     (patches / "series").write_text("drop-gfx1103.patch\n")
     result = run_cli(*rdna3_args(rdna3, upstream, tmp_path / "build", "--patches", str(patches)), timeout=600)
     last = assert_one_line_error(result, "the ROCm build of vLLM 0.33.0 is not fit for gfx110X", quotes_a_log=True)

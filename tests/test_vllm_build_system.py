@@ -37,12 +37,11 @@ from tests.upstream.fixture import (
     CP,
     PYTHON_MINOR,
     TORCH_VERSION,
-    TRITON_KERNELS_COMMIT,
-    VLLM_BUILD_SYSTEM_REQUIRES,
     Fixture,
 )
 from tests.upstream.real_wheels import build_tools, cmake_binary
 from tests.upstream.therock import ROCM_SDK_INIT
+from tests.upstream.vllm_release import STAND_INS, TOP, TRITON_KERNELS_COMMIT
 from vllm_bundle.errors import BuildError
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree import build_requirements, vllm_build
@@ -106,16 +105,19 @@ def _kernels(fixture_tree: Fixture) -> tuple[Path, str, str]:
     return archive, sha256_file(archive), archive.name
 
 
-def _rocm_inputs(site: Layout, group: dict[Path, str], fixture_tree: Fixture) -> vllm_build.RocmInputs:
+def _wheel_build(site: Layout, group: dict[Path, str], fixture_tree: Fixture) -> vllm_build.WheelBuild:
     package = RECIPES.vllm.triton_kernels.package
-    return vllm_build.RocmInputs(site.site, group, _kernels(fixture_tree), package, RECIPES.vllm.cmake_build_type, RULE)
+    rocm = vllm_build.RocmInputs(_kernels(fixture_tree), package, RECIPES.vllm.cmake_build_type, RULE)
+    return vllm_build.WheelBuild(site.python, SOURCE_DATE, rocm, group, site.site)
 
 
 def _prepare(site: Layout, group: dict[Path, str], fixture_tree: Fixture, scratch: Path) -> dict[str, str]:
     """What run_build does before it calls uv build: the scratch site and the build's environment."""
-    rocm = _rocm_inputs(site, group, fixture_tree)
+    build = _wheel_build(site, group, fixture_tree)
+    assert build.rocm is not None
     scratch.mkdir(parents=True)
-    env, bins = vllm_build.rocm_setup(RECIPES.target("gfx1151"), rocm, site.python, scratch, scratch.parent)
+    env, bins = vllm_build.build_group_setup(build, scratch)
+    env |= vllm_build.rocm_setup(RECIPES.target("gfx1151"), build, build.rocm, scratch, scratch.parent)
     return {**vllm_build.base_environment(scratch, bins, SOURCE_DATE, 2), **env}
 
 
@@ -208,25 +210,25 @@ def test_the_fixture_devel_tree_links_as_therock_does(fixture_tree: Fixture, tmp
     assert links["_rocm_sdk_devel/lib/libMIOpen.so"] == "libMIOpen.so.1"
 
 
-def _sdist_texts(sdist: Path, names: tuple[str, ...]) -> dict[str, str]:
+def _members(sdist: Path) -> dict[str, bytes]:
     with tarfile.open(sdist) as archive:
-        members = {name: archive.extractfile(f"vllm-0.33.0/{name}") for name in names}
-        return {name: member.read().decode() for name, member in members.items() if member is not None}
+        return {m.name: archive.extractfile(m).read() for m in archive if m.isfile()}  # type: ignore[union-attr]
 
 
-def test_the_fixture_sdist_asks_for_the_build_tools_the_real_one_does(
-    vllm_sdist: VllmSdists, fixture_tree: Fixture
-) -> None:
-    """The fixture's vLLM copies 0.33.0's [build-system] requires and build requirement lines (fixture.py),
-    which the stage checks every test bundle's build group against: they are the real sdist's."""
-    files = {
-        "real": _sdist_texts(vllm_sdist("0.33.0"), ("pyproject.toml", BUILD)),
-        "fake": _sdist_texts(fixture_tree.files["vllm-0.33.0.tar.gz"], ("pyproject.toml", BUILD)),
-    }
-    requires = {which: tomllib.loads(f["pyproject.toml"])["build-system"]["requires"] for which, f in files.items()}
-    assert requires["fake"] == requires["real"] == list(VLLM_BUILD_SYSTEM_REQUIRES)
-    real_lines = set(files["real"][BUILD].splitlines())
-    assert [line for line in files["fake"][BUILD].splitlines() if line not in real_lines] == []
+def test_every_test_bundle_builds_vllms_own_build_system(vllm_sdist: VllmSdists, fixture_tree: Fixture) -> None:
+    """The fixture's vLLM release (every test bundle's) is PyPI's with stand-ins only for the run-time
+    package and the run-time requirement lists (vllm_release.py): setup.py, pyproject.toml, CMakeLists.txt,
+    cmake/, csrc/, tools/, requirements/build/ and vllm/envs.py are the real bytes."""
+    real = _members(vllm_sdist("0.33.0"))
+    fake = _members(fixture_tree.files["vllm-0.33.0.tar.gz"])
+    stand_ins = {f"{TOP}/{name}" for name in STAND_INS}
+    assert {name for name in fake if fake[name] != real.get(name)} == stand_ins
+    for name in ("setup.py", "pyproject.toml", "CMakeLists.txt", "cmake/utils.cmake", "cmake/hipify.py"):
+        assert fake[f"{TOP}/{name}"] == real[f"{TOP}/{name}"], name
+    for tree in ("cmake/", "csrc/", "tools/", "requirements/build/"):
+        real_tree = {name for name in real if name.startswith(f"{TOP}/{tree}")}
+        assert real_tree and real_tree <= set(fake), f"all of {tree}"
+    assert BUILD in {name.removeprefix(f"{TOP}/") for name in fake}
 
 
 # -- the whole build: setup.py, CMake, hipify, targets, link, install -------------------------------------
@@ -247,18 +249,11 @@ def real_build(
     the tests that read its result."""
     work = tmp_path_factory.mktemp("real-build")
     site = _site_stage(built)
-    rocm = _rocm_inputs(site, _build_group(locked, fixture_tree, work / "tools"), fixture_tree)
+    build = _wheel_build(site, _build_group(locked, fixture_tree, work / "tools"), fixture_tree)
     out = work / "build" / "vllm-wheel.tmp"
     out.mkdir(parents=True)
     log = work / "vllm-wheel.log"
-    details = vllm_build.run_build(
-        RECIPES.target("gfx1151"),
-        real_source,
-        vllm_build.WheelBuild(site.python, SOURCE_DATE, rocm),
-        out,
-        log,
-        "0.33.0",
-    )
+    details = vllm_build.run_build(RECIPES.target("gfx1151"), real_source, build, out, log, "0.33.0")
     (wheel,) = out.glob("vllm-*.whl")
     return RealBuild(details, wheel, log.read_text())
 
@@ -310,7 +305,7 @@ def test_a_build_group_without_a_build_tool_fails_in_one_line(
     group = _build_group(locked, fixture_tree, tmp_path / "tools", without=tool)
     out = tmp_path / "build" / "vllm-wheel.tmp"
     out.mkdir(parents=True)
-    build = vllm_build.WheelBuild(site.python, SOURCE_DATE, _rocm_inputs(site, group, fixture_tree))
+    build = _wheel_build(site, group, fixture_tree)
     with pytest.raises(BuildError) as raised:
         vllm_build.run_build(RECIPES.target("gfx1151"), real_source, build, out, tmp_path / "log", "0.33.0")
     line = str(raised.value)
@@ -327,7 +322,7 @@ def test_vllms_cmake_needs_gnu_patch_and_the_build_says_so_first(
     out.mkdir(parents=True)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no GNU patch (and the build tools not asked for)
     monkeypatch.setattr(build_requirements, "build_system_requires", lambda source: [])
-    build = vllm_build.WheelBuild(site.python, SOURCE_DATE, _rocm_inputs(site, group, fixture_tree))
+    build = _wheel_build(site, group, fixture_tree)
     with pytest.raises(BuildError) as raised:
         vllm_build.run_build(RECIPES.target("gfx1151"), real_source, build, out, tmp_path / "log", "0.33.0")
     assert str(raised.value) == (

@@ -14,9 +14,10 @@ TheRock-shaped wheels carry real ELF libraries with DT_NEEDED chains between pac
 ``.kpack`` device-code files; PyPI-shaped ones need system libraries, some allowed (libz) and some
 the bundle never has (pypi.py). The python-build-standalone-shaped tarball has one ``python/`` top
 directory whose build files still name the ``/install`` prefix, and its ``lib/libpython3.so`` names
-its library through ``$ORIGIN``, as upstream's do. The vLLM source release builds the way vLLM's
-setup.py does (fake_vllm_setup.py) with the fake PyPI's cmake (fake_cmake.py), and its HIP sources compile
-for real with Debian's clang-19 behind the fake SDK's compiler (therock.py).
+its library through ``$ORIGIN``, as upstream's do. The vLLM source release is PyPI's real 0.33.0 with its
+build system as it is and stand-ins for its run-time package (vllm_release.py): every test bundle's vLLM
+is built by its own setup.py and CMake, whose compiler, the fake SDK's, is Debian's clang-19 compiling a
+stand-in kernel per unit for each ISA (therock.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .real_wheels import RealWheels
 from .rocm_cmake import CORE, LIBRARIES, runtime_libraries
 from .therock import FACTS, LIBRARY_KEYS, MULTI_ARCH, NEXT
 from .torch_cmake import LIBRARIES as TORCH_LIBRARIES
+from .vllm_release import TRITON_KERNELS_COMMIT, VERSION, fixture_vllm_sdist
 
 # The bundled CPython of the fixture is this machine's own, repackaged in python-build-standalone's
 # layout (tests must be able to run it); its version names the asset.
@@ -57,7 +59,7 @@ ROCM_VERSION = MULTI_ARCH.versions["rocm"]
 TORCH_VERSION = MULTI_ARCH.versions["torch"]
 TRITON_VERSION = MULTI_ARCH.versions["triton"]
 TORCHVISION_VERSION = MULTI_ARCH.versions["torchvision"]
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = VERSION
 CP = "cp{}{}".format(*sys.version_info[:2])
 THEROCK_MULTI_ARCH = f"therock/{MULTI_ARCH.name}"
 THEROCK_NEXT = f"therock/{NEXT.name}"
@@ -296,212 +298,6 @@ def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     (fx.releases / FACTS.cpython.checksums).write_text("\n".join(sums) + "\n")
 
 
-# What the fixture's vLLM source release is made of: vLLM 0.33.0's own lines where the patch series
-# and the pipeline look (HIP_SUPPORTED_ARCHS, rocm_platform_plugin, the triton_kernels commit), its
-# extension targets in vLLM's own define_extension_target() form with small native sources, a stand-in
-# server module, and an in-tree PEP 517 backend that builds the way setup.py does (fake_vllm_setup.py).
-VLLM_CMAKE = """cmake_minimum_required(VERSION 3.26)
-project(vllm_extensions LANGUAGES CXX)
-
-# Supported AMD GPU architectures.
-set(HIP_SUPPORTED_ARCHS "gfx906;gfx908;gfx90a;gfx942;gfx950;gfx1250;gfx1030;gfx1100;gfx1101;gfx1102;gfx1103;gfx1150;gfx1151;gfx1152;gfx1153;gfx1200;gfx1201")
-
-define_extension_target(spinloop DESTINATION vllm LANGUAGE CXX SOURCES csrc/spinloop.cpp USE_SABI 3.11)
-define_extension_target(fs_io_C DESTINATION vllm LANGUAGE CXX SOURCES csrc/fs_io.cpp USE_SABI 3.11)
-define_extension_target(cumem_allocator DESTINATION vllm LANGUAGE CXX SOURCES csrc/cumem_allocator.cpp USE_SABI 3.8)
-define_extension_target(_C DESTINATION vllm LANGUAGE HIP SOURCES csrc/torch_bindings.hip csrc/cache_kernels.hip USE_SABI 3)
-define_extension_target(_C_stable_libtorch DESTINATION vllm LANGUAGE HIP SOURCES csrc/libtorch_stable/ops.hip USE_SABI 3)
-define_extension_target(_moe_C_stable_libtorch DESTINATION vllm LANGUAGE HIP SOURCES csrc/moe/topk_softmax.hip USE_SABI 3)
-define_extension_target(_rocm_C DESTINATION vllm LANGUAGE HIP SOURCES csrc/rocm/attention.hip COMPILE_FLAGS --offload-compress USE_SABI 3)
-
-include(cmake/external_projects/triton_kernels.cmake)
-"""
-# vLLM 0.33.0's own lines where the lock reads the triton_kernels commit of a ROCm build.
-VLLM_TRITON_KERNELS_CMAKE = """if (DEFINED ENV{TRITON_KERNELS_SRC_DIR})
-  message(STATUS "[triton_kernels] Fetch from $ENV{TRITON_KERNELS_SRC_DIR}")
-else()
-  if (VLLM_TARGET_DEVICE STREQUAL "rocm")
-    set(TRITON_GIT "https://github.com/ROCm/triton.git")
-    # Pinned from release/internal/3.8.x
-    set(TRITON_KERNELS_TAG "669b31acc1dd1b3fd93286afd5db67f65d9f7557")
-  else()
-    set(TRITON_GIT "https://github.com/triton-lang/triton.git")
-    set(TRITON_KERNELS_TAG "v3.5.1")
-  endif()
-endif()
-"""
-TRITON_KERNELS_COMMIT = "669b31acc1dd1b3fd93286afd5db67f65d9f7557"
-#: vllm-0.33.0 pyproject.toml [build-system] requires.
-VLLM_BUILD_SYSTEM_REQUIRES = (
-    "cmake>=3.26.1",
-    "ninja",
-    "packaging>=24.2",
-    "setuptools>=77.0.3,<81.0.0",
-    "setuptools-scm>=8.0",
-    "setuptools-rust>=1.9.0",
-    "torch == 2.14.0",
-    "wheel",
-    "jinja2",
-)
-# Each native source names itself through __FILE__ (as vLLM's TORCH_CHECK messages do): a build that
-# maps no prefixes puts its build directory into the library. The first source of each extension makes
-# it a Python module, as vLLM's are (tier 1's probe imports them).
-HIP_SOURCE = """#include <hip/hip_runtime.h>
-extern "C" __global__ void {name}_kernel(float *out, const float *in) {{ out[0] = in[0] * 2.0f; }}
-extern "C" const char *{name}_source(void) {{ return __FILE__; }}
-"""
-CXX_SOURCE = """extern "C" const char *{name}_source(void) {{ return __FILE__; }}
-extern "C" int {name}_answer(void) {{ return 42; }}
-"""
-MODULE_INIT = """#include <Python.h>
-static struct PyModuleDef {module}_definition = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, NULL}};
-PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&{module}_definition); }}
-"""
-NATIVE_SOURCES = {
-    "csrc/spinloop.cpp": CXX_SOURCE.format(name="spinloop") + MODULE_INIT.format(module="spinloop"),
-    "csrc/fs_io.cpp": CXX_SOURCE.format(name="fs_io") + MODULE_INIT.format(module="fs_io_C"),
-    "csrc/cumem_allocator.cpp": CXX_SOURCE.format(name="cumem") + MODULE_INIT.format(module="cumem_allocator"),
-    "csrc/torch_bindings.hip": HIP_SOURCE.format(name="ops") + MODULE_INIT.format(module="_C"),
-    "csrc/cache_kernels.hip": HIP_SOURCE.format(name="cache"),
-    "csrc/libtorch_stable/ops.hip": HIP_SOURCE.format(name="stable") + MODULE_INIT.format(module="_C_stable_libtorch"),
-    "csrc/moe/topk_softmax.hip": HIP_SOURCE.format(name="moe") + MODULE_INIT.format(module="_moe_C_stable_libtorch"),
-    "csrc/rocm/attention.hip": HIP_SOURCE.format(name="paged_attention") + MODULE_INIT.format(module="_rocm_C"),
-}
-
-
-VLLM_PLATFORMS = """import logging
-
-logger = logging.getLogger(__name__)
-
-
-def in_wsl() -> bool:
-    return False
-
-
-def vllm_version_matches_substr(substr: str) -> bool:
-    return False
-
-
-def rocm_platform_plugin() -> str | None:
-    is_rocm = False
-    logger.debug("Checking if ROCm platform is available.")
-    try:
-        import amdsmi
-
-        amdsmi.amdsmi_init()
-        try:
-            if len(amdsmi.amdsmi_get_processor_handles()) > 0:
-                is_rocm = True
-                logger.debug("Confirmed ROCm platform is available.")
-            else:
-                logger.debug("ROCm platform is not available because no GPU is found.")
-        finally:
-            amdsmi.amdsmi_shut_down()
-    except Exception as e:
-        logger.debug("ROCm platform is not available because: %s", str(e))
-
-    if not is_rocm and in_wsl():
-        try:
-            import torch
-
-            if (
-                not vllm_version_matches_substr("cpu")
-                and getattr(torch.version, "hip", None)
-                and torch.accelerator.is_available()
-            ):
-                is_rocm = True
-                logger.debug("Confirmed ROCm platform is available in WSL via PyTorch.")
-        except Exception as e:
-            logger.debug("WSL ROCm fallback detection failed because: %s", str(e))
-
-    return "vllm.platforms.rocm.RocmPlatform" if is_rocm else None
-
-
-def xpu_platform_plugin() -> str | None:
-    return None
-"""
-# vLLM 0.33.0's own lines where the amdsmi-calls patch anchors (the rest of rocm.py is not needed).
-VLLM_ROCM = """# SPDX-License-Identifier: Apache-2.0
-from functools import wraps
-
-# AMDSMI utils
-# Note that NVML is not affected by `{CUDA/HIP}_VISIBLE_DEVICES`,
-# all the related functions work on real physical device ids.
-# the major benefit of using AMDSMI is that it will not initialize CUDA
-
-
-def with_amdsmi_context(fn):
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        amdsmi_init()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            amdsmi_shut_down()
-
-    return wrapper
-"""
-# Stands in for vllm.entrypoints.openai.api_server: proves the interpreter, torch's native extension
-# (through the launcher's library path) and the arguments, then exits.
-VLLM_SERVER = """import json, os, sys
-import torch
-print(json.dumps({"argv": sys.argv[1:], "executable": sys.executable, "hip_check": torch._hip_check(),
-                  "torch": torch.__file__, "sys_path": sys.path,
-                  "env": {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONNOUSERSITE", "LD_LIBRARY_PATH",
-                          "FLASH_ATTENTION_TRITON_AMD_ENABLE", "CC", "VLLM_ATTENTION_BACKEND")}}))
-"""
-
-
-def _fixture_vllm_sdist(files: Path) -> Path:
-    """vLLM's source release in the fixture's size: the files the pipeline reads and patches, native
-    sources that compile for real, and a build backend that builds the way vLLM's setup.py does
-    (fake_vllm_setup.py, driving the fake PyPI's cmake)."""
-    top = f"vllm-{VLLM_VERSION}"
-    contents = {
-        f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n".encode(),
-        # vllm-0.33.0's own [build-system] requires (the stage checks the build group against them), with the
-        # fixture's backend
-        f"{top}/pyproject.toml": (
-            b"[build-system]\nrequires = [\n"
-            + b"".join(f'    "{r}",\n'.encode() for r in VLLM_BUILD_SYSTEM_REQUIRES)
-            + b"]\nbuild-backend = 'fixture_backend'\nbackend-path = ['_build']\n"
-        ),
-        f"{top}/_build/fixture_backend.py": Path(__file__).with_name("fake_vllm_setup.py").read_bytes(),
-        f"{top}/CMakeLists.txt": VLLM_CMAKE.encode(),
-        f"{top}/cmake/external_projects/triton_kernels.cmake": VLLM_TRITON_KERNELS_CMAKE.encode(),
-        **{f"{top}/{name}": text.encode() for name, text in NATIVE_SOURCES.items()},
-        f"{top}/vllm/__init__.py": f"__version__ = '{VLLM_VERSION}'\n".encode(),
-        f"{top}/vllm/platforms/__init__.py": VLLM_PLATFORMS.encode(),
-        f"{top}/vllm/platforms/rocm.py": VLLM_ROCM.encode(),
-        f"{top}/vllm/entrypoints/__init__.py": b"",
-        f"{top}/vllm/entrypoints/cli/__init__.py": b"",
-        f"{top}/vllm/entrypoints/cli/main.py": VLLM_SERVER.encode(),
-        f"{top}/vllm/entrypoints/openai/__init__.py": b"",
-        f"{top}/vllm/entrypoints/openai/api_server.py": VLLM_SERVER.encode(),
-        f"{top}/requirements/common.txt": (
-            b"regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\nnumpy\n"
-            b'llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64" or platform_machine == "aarch64"\n'
-            b"ninja # Required for xgrammar, rocm, tpu, xpu\n"
-        ),
-        f"{top}/requirements/rocm.txt": (
-            b"# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"
-            b"torch==2.12.0\ntriton==3.7.1\ngrpcio==1.78.0\nsetuptools>=78.1.1,<80.0.0\n"
-            b"mooncake-transfer-engine-rocm >= 0.3.13\ntorchao\ntimm>=1.0.17\ntilelang==0.1.10\n"
-            b"apache-tvm-ffi==0.1.11\n"
-        ),
-        # vllm-0.33.0:requirements/build/rocm.txt, with what the fake PyPI serves
-        f"{top}/requirements/build/rocm.txt": (
-            b"# Common dependencies\n-r ../common.txt\n\n\n"
-            b"--extra-index-url https://repo.amd.com/rocm/whl-multi-arch/\n"
-            b"torch==2.12.0+rocm7.14.0\ntorchvision==0.27.0+rocm7.14.0\ntriton==3.7.1+git0263a6a6\n"
-            b"cmake>=3.26.1,<4\npackaging>=26.2\nsetuptools>=78.1.1,<80.0.0\nsetuptools-scm>=8\n"
-            b"setuptools-rust>=1.9.0\nwheel\njinja2>=3.1.6\namdsmi==7.0.2\n"
-        ),
-        f"{top}/requirements/cuda.txt": b"-r common.txt\ntorch==2.12.0\n",
-    }
-    return make_tarball(files / f"{top}.tar.gz", contents)
-
-
 def _triton_kernels_archive(releases: Path) -> Path:
     """What ``https://codeload.github.com/ROCm/triton/tar.gz/<commit>`` serves (vLLM's
     docker/Dockerfile.rocm:289-299 takes triton_kernels from it): one ``triton-<commit>/`` top directory,
@@ -603,8 +399,8 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
             if index.owner_pages:
                 fx.serve(owner_index(where, index, owner), paths)
     fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
-    served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), _fixture_vllm_sdist(files)]
-    real_files = [real.ziglang, real.ninja, *real.build_tools]
+    served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), fixture_vllm_sdist(real.vllm_sdist, files)]
+    real_files = [real.ziglang, *real.build_tools]
     fx.serve(PYPI, [*served, *(_hard_link(path, files) for path in real_files)])
     write_index(fx)
     flat_mirror(fx)

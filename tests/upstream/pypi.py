@@ -6,15 +6,12 @@ the pipeline (UPSTREAM-FACTS.md):
 - mooncake's extension needs libraries the bundle never carries (libibverbs, libnuma, libcurl) and has
   an absolute RUNPATH (/opt/rocm-7.0.0/lib); torchao carries a CUDA extension needing libtorch_cuda.so;
   grpcio's extension needs libz.so.1, which the manylinux policy allows;
-- setuptools exists in versions vLLM cannot take (81.0.0 on TheRock's mirror, 80.9.0 here) and one it
-  can (79.0.0); regex in several platform variants, of which the lock keeps one;
-- vLLM's build tools: ``cmake`` (its console script runs fake_cmake.py, standing in for the CMake binary
-  PyPI's wheel carries) and ``wheel``; cmake is needed only to build (requirements/build/rocm.txt);
-  ``ninja``, needed at run time too (requirements/common.txt), is PyPI's real wheel (served by the fixture,
-  real_wheels.py): its ``ninja`` is the binary itself, installed as a script, where a console script
-  would run the ``ninja`` package a build's PYTHONPATH may shadow; setuptools-scm, setuptools-rust, jinja2
-  and packaging (with semantic-version and markupsafe), which vLLM's build requires (pyproject.toml,
-  requirements/build/rocm.txt), are PyPI's real wheels too (real_wheels.py ``SERVED_BUILD_TOOLS``);
+- setuptools exists in versions vLLM cannot take (81.0.0 on TheRock's mirror, a stand-in 80.9.0 here) and
+  one it can (79.0.1, PyPI's real wheel); regex in several platform variants, of which the lock keeps one;
+- vLLM's build tools are PyPI's real wheels (real_wheels.py ``BUILD_TOOLS``, served by the fixture): cmake
+  3.31.10 (its binary runs vLLM's own CMakeLists.txt in every test bundle's build), ninja (vLLM's run-time
+  requirement too, requirements/common.txt), setuptools, setuptools-scm, setuptools-rust, wheel, jinja2 and
+  packaging with what they require (semantic-version, markupsafe, typing-extensions);
 - ziglang, the C toolchain of components.toml's ``[toolchain]``: the real 0.17.1 wheel (real_wheels.py,
   served by the fixture) and a small stand-in the shared test recipes pin (``ziglang_stand_in``);
 - the CUDA builds a ROCm closure meets on PyPI, from facts.toml ([[pypi]]): torchvision 0.27.0 built for
@@ -35,13 +32,10 @@ OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pi
 MANYLINUX_2_17 = "manylinux_2_17_x86_64.manylinux2014_x86_64"
 PURE = (
     ("filelock", "3.20.0", ()),
-    ("typing-extensions", "4.15.0", ()),
     ("pydantic", "2.12.4", ("typing-extensions>=4.14",)),
     ("fastapi", "0.121.0", ("pydantic>=2.7",)),
     ("sentencepiece", "0.2.1", ()),
-    ("setuptools", "79.0.0", ()),
     ("setuptools", "80.9.0", ()),
-    ("wheel", "0.45.1", ()),
     ("pillow", "11.3.0", ()),
 )
 #: The absolute RUNPATH PyPI's CUDA torchvision 0.27.0 carries (a CI conda environment; facts.toml).
@@ -194,14 +188,6 @@ def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:
             {"grpc/__init__.py": b"", "grpc/_cython/cygrpc.so": native["grpc"]},
         ),
         *fact_projects(files, work, cp),
-        make_wheel(
-            files,
-            "cmake",
-            "3.31.10",
-            f"py3-none-{MANYLINUX_2_17}",
-            {"cmake/__init__.py": Path(__file__).with_name("fake_cmake.py").read_bytes()},
-            entry_points={"console_scripts": {"cmake": "cmake:cmake"}},
-        ),
         ziglang_stand_in(files),
     ]
     return wheels

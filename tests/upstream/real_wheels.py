@@ -18,7 +18,8 @@ sha256 and size pinned here (computed from the bytes PyPI served, and equal to w
   CRC-32 of the wheel's own zip directory, and PyPI must publish the pinned sha256 for the wheel.
 - vLLM's build tools as requirements/build/rocm.txt (vllm-0.33.0) names them, real wheels:
   setuptools, setuptools-scm, setuptools-rust, wheel, jinja2, packaging, cmake and ninja, with what they
-  require (``BUILD_TOOLS``); the real build of test_vllm_build_system.py installs them.
+  require (``BUILD_TOOLS``): the fake PyPI serves them, so every test bundle's build group is these.
+- vLLM 0.33.0's source release (``VLLM_SDIST``, 47 MB): its build system is the fixture's (vllm_release.py).
 """
 
 from __future__ import annotations
@@ -132,12 +133,12 @@ BUILD_TOOLS = (
         45_571,
     ),
 )
-#: The build tools the fake PyPI serves as PyPI has them (it has stand-ins for cmake, setuptools, wheel and
-#: typing-extensions, and serves the real ninja): the lock puts them in the build group.
-SERVED_BUILD_TOOLS = tuple(
-    pin
-    for pin in BUILD_TOOLS
-    if pin.project in ("setuptools-scm", "setuptools-rust", "semantic-version", "jinja2", "packaging")
+#: PyPI's vLLM 0.33.0 source release, as ``pip download vllm==0.33.0 --no-binary :all:`` gets it.
+VLLM_SDIST = Pinned(
+    "vllm",
+    "vllm-0.33.0.tar.gz",
+    "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+    47_101_396,
 )
 MARKUPSAFE = {
     "cp311": Pinned(
@@ -185,11 +186,11 @@ TRITON_AMD_FILES = ("driver.c", "include/")
 @dataclass(frozen=True)
 class RealWheels:
     ziglang: Path  # the wheel, under its own file name
-    ninja: Path  # the wheel, under its own file name (served on the fake PyPI)
-    build_tools: list[Path]  # vLLM's build tools the fake PyPI has no stand-in for, under their own names
+    build_tools: list[Path]  # vLLM's build tools (ninja, cmake, setuptools, ...), under their own names
     triton_amd: Path  # a directory: the real triton/backends/amd/driver.c and include/
     torch: dict[str, Path]  # torch version -> the members of its real wheel the fixture's torch carries
     cmake: Path  # a directory: the real cmake wheel unpacked (its data/bin/cmake runs)
+    vllm_sdist: Path  # PyPI's vllm-0.33.0.tar.gz (verified, in the downloads cache)
 
 
 def _located(fetcher: Fetcher, pin: Pinned) -> Artifact:
@@ -311,14 +312,14 @@ def _named(fetched: dict[str, Path], pin: Pinned, work: Path) -> Path:
 def real_wheels(downloads: Path, cp: str, work: Path) -> RealWheels:
     """Download (once) and unpack what the fake upstream needs from the real wheels, into ``work``."""
     triton = triton_pin(cp)
-    served = [*SERVED_BUILD_TOOLS, markupsafe_pin(cp)]
-    fetched = fetch_pinned(downloads, [ZIGLANG, NINJA, triton, CMAKE, *served])
+    served = [*BUILD_TOOLS, markupsafe_pin(cp)]
+    fetched = fetch_pinned(downloads, [ZIGLANG, triton, VLLM_SDIST, *served])
     work.mkdir(parents=True, exist_ok=True)
     return RealWheels(
         _named(fetched, ZIGLANG, work),
-        _named(fetched, NINJA, work),
         [_named(fetched, pin, work) for pin in served],
         _extract_triton_amd(fetched[triton.filename], work / "triton-amd"),
         {version: torch_members(downloads, pin) for version, pin in TORCH.items()},
         _unpack_cmake(fetched[CMAKE.filename], work / "cmake"),
+        fetched[VLLM_SDIST.filename],
     )

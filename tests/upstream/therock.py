@@ -218,7 +218,7 @@ COMPILER_WRAPPER = """#!/bin/sh
 # hard link (TheRock lib/llvm/bin/rocm.cfg: --rocm-path='<CFGDIR>/../../..').
 self=$(realpath -- "$0")
 root=$(cd -- "$(dirname -- "$self")/../../.." && pwd)
-hip= ext= src= obj= prev=
+hip= ext= src= obj= prev= stand=
 for arg in "$@"; do
     case $arg in
         -v) [ -f "$root/include/hip/hip_runtime.h" ] && echo "Found HIP installation: $root, version {version}" >&2 ;;
@@ -234,7 +234,9 @@ done
 # from a stand-in (a kernel for each --offload-arch, the module's init as a weak symbol, __FILE__ the
 # real source's), with the very command line CMake gave. CMake's own probes are compiled as they are.
 if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
-    id=$(printf '%s' "$src" | cksum | cut -d' ' -f1)
+    # Named by the unit's file name and bytes, never its absolute path: the same source builds the same
+    # bytes in any build directory, as the real unit would.
+    id=$({{ printf '%s\\n' "${{src##*/}}"; cat -- "$src"; }} | cksum | cut -d' ' -f1)
     case $src in *.hip|*.cu) stand="$obj.stand-in.hip" ;; *) stand="$obj.stand-in.cpp" ;; esac
     {{
         printf '#line 1 "%s"\n' "$src"
@@ -250,12 +252,21 @@ if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
         printf 'extern "C" __attribute__((weak)) PyObject *PyInit_%s(void) {{ return PyModule_Create(&vllm_unit_module); }}\n' "$ext"
         printf '#endif\n'
     }} > "$stand"
-    for arg do
-        shift
-        [ "$arg" = "$src" ] && arg=$stand
-        set -- "$@" "$arg"
-    done
 fi
+# LLVM options TheRock's clang has and clang-19 lacks: vLLM 0.33.0 passes -mllvm -amdgpu-mfma-vgpr-form for
+# its CDNA Octave KV kernel (CMakeLists.txt:397-401, built for gfx942/gfx1100 families); dropped here.
+pending=
+for arg do
+    shift
+    if [ -n "$pending" ]; then
+        pending=
+        [ "$arg" = -amdgpu-mfma-vgpr-form ] && continue
+        set -- "$@" -mllvm
+    fi
+    [ "$arg" = -mllvm ] && {{ pending=1; continue; }}
+    [ -n "$stand" ] && [ "$arg" = "$src" ] && arg=$stand
+    set -- "$@" "$arg"
+done
 if [ -n "$hip" ]; then
     if [ ! -f "${{HIP_DEVICE_LIB_PATH:-$root/amdgcn/bitcode}}/ocml.bc" ]; then
         echo "clang: error: cannot find ROCm device library; provide its path via '--rocm-path' or '--rocm-device-lib-path', or pass '-nogpulib' to build without ROCm device library" >&2

@@ -288,8 +288,6 @@ def _vllm_wheel(
             archive = lock.artifact(TRITON_KERNELS)
             kernels = (plan.fetched[archive.sha256], archive.sha256, archive.filename)
         rocm = RocmInputs(
-            site_packages=layout.site,
-            build_wheels=named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
             triton_kernels=kernels,
             triton_kernels_package=recipes.vllm.triton_kernels.package,
             cmake_build_type=recipes.vllm.cmake_build_type,
@@ -299,7 +297,13 @@ def _vllm_wheel(
         recipes.target(target_name),
         source,
         lock.versions["vllm"],
-        WheelBuild(layout.python, lock.source_date_epoch, rocm),
+        WheelBuild(
+            layout.python,
+            lock.source_date_epoch,
+            rocm,
+            named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
+            layout.site,
+        ),
         base / "vllm-wheel",
         base / "logs" / "vllm-wheel.log",
         "vllm-wheel" in force,

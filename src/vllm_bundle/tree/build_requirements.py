@@ -64,8 +64,9 @@ def _satisfied(requirement: Requirement, version: str | None) -> bool:
         return False
 
 
-def require_build_tools(source: Path, sites: Sequence[Path], env: Mapping[str, str]) -> None:
-    """Fail in one line, before the build, when a tool vLLM's build needs is missing or too old."""
+def require_build_tools(source: Path, sites: Sequence[Path], env: Mapping[str, str], *, runs_cmake: bool) -> None:
+    """Fail in one line, before the build, when a tool vLLM's build needs is missing or too old (the
+    programs its CMake runs only where it runs CMake: not in a Python-only build)."""
     installed = _installed(sites)
     for requirement in build_system_requires(source):
         if requirement.marker is not None and not requirement.marker.evaluate():
@@ -79,7 +80,7 @@ def require_build_tools(source: Path, sites: Sequence[Path], env: Mapping[str, s
                 "(vllm.build-requirement-files in recipes/components.toml)",
             )
     lists = source / "CMakeLists.txt"
-    text = lists.read_text(errors="replace") if lists.is_file() else ""
+    text = lists.read_text(errors="replace") if runs_cmake and lists.is_file() else ""
     for program, package in CMAKE_PROGRAMS.items():
         if re.search(rf"COMMAND\s+{re.escape(program)}\b", text) and not shutil.which(program, path=env.get("PATH")):
             raise BuildError(

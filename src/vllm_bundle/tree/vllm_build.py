@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from vllm_bundle.inputs.sdist_requirements import filter_torch_family
 from vllm_bundle.inputs.triton_kernels import extract_package
 from vllm_bundle.recipes import ExtensionRule, Target
 from vllm_bundle.tree.assemble import install_into
+from vllm_bundle.tree.build_log import first_error, summary
 from vllm_bundle.tree.build_requirements import require_build_tools
 from vllm_bundle.tree.relocate import files_mentioning
 from vllm_bundle.tree.stage import StageResult, run_stage
@@ -107,11 +108,9 @@ def max_jobs() -> int:
 
 @dataclass(frozen=True)
 class RocmInputs:
-    """What a ROCm build needs beyond the patched source: the site stage (interpreter, torch, SDK core),
-    the lock's build group (wheel file -> sha256) and the triton_kernels archive with its sha256."""
+    """What a ROCm build needs beyond the patched source and its build tools: the triton_kernels archive
+    with its sha256, the build type and which extensions must carry which code."""
 
-    site_packages: Path
-    build_wheels: Mapping[Path, str]
     triton_kernels: tuple[Path, str, str] | None  # (archive, sha256, file name)
     triton_kernels_package: str
     cmake_build_type: str
@@ -120,11 +119,17 @@ class RocmInputs:
 
 @dataclass(frozen=True)
 class WheelBuild:
-    """One wheel build: the interpreter, the source date, and the ROCm inputs (None: Python-only)."""
+    """One wheel build: the interpreter, the source date, the ROCm inputs (None: Python-only), and the
+    lock's build group (wheel file -> sha256) installed into scratch for it, with the site stage's
+    site-packages it is checked against. vLLM's setup.py imports setuptools-scm and setuptools-rust
+    whatever the device, so a Python-only build takes the build group too (without the SDK's devel
+    part). A standalone Python-only build with an interpreter of the user's has neither."""
 
     python: Path
     source_date: int
     rocm: RocmInputs | None
+    build_wheels: Mapping[Path, str] = field(default_factory=dict)
+    site_packages: Path | None = None
 
 
 # -- the SDK's devel tree in scratch --------------------------------------------------------------------
@@ -345,11 +350,6 @@ def write_shims(bin_dir: Path) -> None:
 # -- the build ---------------------------------------------------------------------------------------
 
 
-def _tail(log: Path) -> str:
-    lines = log.read_text(errors="replace").splitlines()
-    return "\n".join(lines[-LOG_TAIL_LINES:])
-
-
 def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -> int:
     with log.open("a") as handle:
         handle.write(f"\n$ {' '.join(command)}\n")
@@ -392,10 +392,15 @@ def build_wheel(source: Path, python: Path, env: Mapping[str, str], scratch: Pat
     returncode = _run(command, work, env, log)
     wheels = sorted(wheel_dir.glob("vllm-*.whl"))
     if returncode != 0 or len(wheels) != 1:
-        sys.stderr.write(_tail(log) + "\n")
+        text = log.read_text(errors="replace")
+        first = first_error(text)
+        sys.stderr.write("\n".join(text.splitlines()[-LOG_TAIL_LINES:]) + "\n")
+        if first:
+            sys.stderr.write("\nThe build's first error:\n" + "\n".join(first) + "\n")
+        cause = f": {summary(first)}" if first else ""
         raise BuildError(
-            f"the vLLM wheel build failed (VLLM_TARGET_DEVICE={env.get('VLLM_TARGET_DEVICE')}); "
-            f"the last {LOG_TAIL_LINES} lines are above, the full log is {log}",
+            f"the vLLM wheel build failed (VLLM_TARGET_DEVICE={env.get('VLLM_TARGET_DEVICE')}){cause}",
+            f"its first error and last {LOG_TAIL_LINES} lines are above; the full log is {log}",
         )
     return wheels[0]
 
@@ -420,24 +425,31 @@ def check_wheel(
     return {name: sorted(found_isas) for name, found_isas in isas.items()}
 
 
-def rocm_setup(
-    target: Target, rocm: RocmInputs, python: Path, scratch: Path, root: Path
-) -> tuple[dict[str, str], list[Path]]:
-    """The scratch site of a ROCm build (the build group, the devel tree expanded beside links to the site
-    stage's SDK, the triton_kernels source) and the build's variables; returns them with the build group's
-    script directory, which goes on PATH."""
-    core = require_core(rocm.site_packages)
+def build_group_setup(build: WheelBuild, scratch: Path) -> tuple[dict[str, str], list[Path]]:
+    """The build group in scratch's site (a Python-only build leaves out the SDK's devel part); returns
+    the variables that make the build's Python find it, and its script directory, which goes on PATH."""
     site, bin_dir = scratch / "site", scratch / "bin"
-    install_build_group(rocm.build_wheels, site, bin_dir, python)
+    wheels = build.build_wheels
+    if build.rocm is None:
+        wheels = {wheel: sha for wheel, sha in wheels.items() if not wheel.name.startswith(f"{DEVEL_PACKAGE}-")}
+    install_build_group(wheels, site, bin_dir, build.python)
+    return {"PYTHONPATH": str(site)}, [bin_dir]
+
+
+def rocm_setup(target: Target, build: WheelBuild, rocm: RocmInputs, scratch: Path, root: Path) -> dict[str, str]:
+    """The rest of a ROCm build's scratch (its build group installed there first): the devel tree
+    expanded beside links to the site stage's SDK, the triton_kernels source; returns the variables."""
+    if build.site_packages is None:
+        raise BuildError("a ROCm build of vLLM needs the site stage", "build it with `bundle`")
+    core = require_core(build.site_packages)
+    site = scratch / "site"
     devel = expand_devel(site, core)
     kernels = None
     if rocm.triton_kernels is not None:
         archive, sha256, filename = rocm.triton_kernels
         require_sha256(archive, sha256, filename)
         kernels = extract_package(archive, filename, rocm.triton_kernels_package, scratch / "triton-kernels")
-    env = rocm_environment(target, devel, core, rocm, kernels, root)
-    env["PYTHONPATH"] = str(site)
-    return env, [bin_dir]
+    return rocm_environment(target, devel, core, rocm, kernels, root)
 
 
 def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: Path, version: str) -> dict[str, Any]:
@@ -449,14 +461,17 @@ def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: P
     try:
         shims = scratch / "shims"
         write_shims(shims)
-        bin_dirs = [shims, build.python.parent]
         env: dict[str, str] = {"VLLM_TARGET_DEVICE": "empty"}
+        extra: list[Path] = []
+        if build.build_wheels:
+            group_env, extra = build_group_setup(build, scratch)
+            env |= group_env
         if build.rocm is not None:  # the build directory holds the source copy, scratch and the site stage
-            env, extra = rocm_setup(target, build.rocm, build.python, scratch, out.parent)
-            bin_dirs = [shims, *extra, build.python.parent]
+            env |= rocm_setup(target, build, build.rocm, scratch, out.parent)
+        bin_dirs = [shims, *extra, build.python.parent]
         env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
-        if build.rocm is not None:
-            require_build_tools(source, [scratch / "site", build.rocm.site_packages], env)
+        if build.site_packages is not None:
+            require_build_tools(source, [scratch / "site", build.site_packages], env, runs_cmake=build.rocm is not None)
         wheel = build_wheel(source, build.python, env, scratch, out, log)
         if build.rocm is None:
             return {"wheel": wheel.name, "device": "python-only"}
@@ -498,11 +513,11 @@ def wheel_stage(
         "python": python_key or str(build.python),
         "source_date": build.source_date,
         "device": "rocm" if rocm else "python-only",
+        "build_wheels": {path.name: sha for path, sha in sorted(build.build_wheels.items())},
     }
     if rocm is not None:
         inputs |= {
             "isas": list(target.isas),
-            "build_wheels": {path.name: sha for path, sha in sorted(rocm.build_wheels.items())},
             "triton_kernels": rocm.triton_kernels[1] if rocm.triton_kernels else None,
             "triton_kernels_package": rocm.triton_kernels_package,
             "cmake_build_type": rocm.cmake_build_type,
