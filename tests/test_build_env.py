@@ -60,6 +60,7 @@ def test_rocm_build_environment(tmp_path: Path, target: str, arch: str) -> None:
         "-DCMAKE_CXX_COMPILER_LAUNCHER=",
         f"-DCMAKE_HIP_COMPILER_LAUNCHER={HIP_LAUNCHER}",
         "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     ]
     assert env["VLLM_DISABLE_SCCACHE"] == "1"
 

@@ -16,8 +16,8 @@
   (therock.py ``COMPILER_WRAPPER``): real code objects for each ISA, vLLM's real kernels being out of
   reach (they need ROCm's and torch's headers).
 
-The bundles the rest of the suite builds still compile the fixture's small vLLM (fixture.py); see
-docs/building-rocm.md, "What the tests run".
+The bundles the rest of the suite builds run the same build system on the same release, with stand-ins
+for its run-time package (vllm_release.py); see docs/building-rocm.md, "What the tests run".
 """
 
 from __future__ import annotations

@@ -55,7 +55,12 @@ def first_error(text: str) -> list[str]:
     return errors[-1:]
 
 
+_CMAKE_AT = re.compile(r"^(CMake Error at )\S*/([^/\s]+:\d+)")
+
+
 def summary(block: Sequence[str], limit: int = 300) -> str:
-    """One line of an error block: its lines' words joined, cut at ``limit`` characters."""
+    """One line of an error block: its lines' words joined (a CMake error's file by its name alone), cut
+    at ``limit`` characters."""
     text = " ".join(" ".join(block).split())
+    text = _CMAKE_AT.sub(r"\1\2", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"

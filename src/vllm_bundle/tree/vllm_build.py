@@ -330,6 +330,10 @@ def rocm_environment(
                 "-DCMAKE_CXX_COMPILER_LAUNCHER=",
                 f"-DCMAKE_HIP_COMPILER_LAUNCHER={HIP_LAUNCHER}",
                 "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+                # CMake links each extension with the build tree's absolute RPATH (torch's and the SDK's
+                # library directories) and rewrites it at install: the GNU build ID, a hash taken at link,
+                # then names the build directory. Linking with the install RPATH keeps it the same anywhere.
+                "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
             ]
         ),
     }
