@@ -166,8 +166,10 @@ def _no_zig(root: Path) -> None:
 
 
 def _torch_mismatch(root: Path) -> None:
+    """A requirement among METADATA's headers (setuptools writes the README as its body after them)."""
     (metadata,) = (root / SITE).glob("vllm-*.dist-info/METADATA")
-    metadata.write_text(metadata.read_text() + "Requires-Dist: torch==2.9.0\n")
+    headers, blank, body = metadata.read_text().partition("\n\n")
+    metadata.write_text(headers + "\nRequires-Dist: torch==2.9.0" + blank + body)
 
 
 def _cuda_library(root: Path) -> None:

@@ -96,11 +96,12 @@ def test_archive_members_are_normalised(assets: Path) -> None:
 
 
 def test_lemonade_style_extraction(assets: Path, tmp_path: Path) -> None:
+    """One name a line (setuptools, which the bundle ships, has files such as ``script (dev).tmpl``)."""
     archive = tmp_path / "download.tar.gz"
     with archive.open("wb") as out:
         for part in parts_of(assets):
             out.write(part.read_bytes())
-    names = subprocess.run(["tar", "-tf", str(archive)], capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(["tar", "-tf", str(archive)], capture_output=True, text=True, check=True).stdout.splitlines()
     tops = {name.split("/")[0] for name in names}
     strip = 1 if len(tops) == 1 else 0
     assert strip == 1, "every entry shares one top directory ('./')"
