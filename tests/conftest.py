@@ -331,6 +331,19 @@ def tree_digest(root: Path) -> dict[str, str]:
     return entries
 
 
+def seed_vllm_build(built: Path, build: Path, target: str = "gfx1151") -> Path:
+    """The suite's one real vLLM build for a test that needs a bundle but does not test the build: the
+    built bundle's ``vllm-src`` and ``vllm-wheel`` stages with their stamps, copied into ``build``. The
+    pipeline reuses them only where its own inputs give the same stage keys (site, source, build group,
+    ISAs...) and builds anew otherwise, as it would after any earlier run."""
+    stages = built / target
+    (build / target).mkdir(parents=True, exist_ok=True)
+    for stage in ("vllm-src", "vllm-wheel"):
+        shutil.copytree(stages / stage, build / target / stage, symlinks=True)
+        shutil.copy2(stages / f".{stage}.stage.json", build / target / f".{stage}.stage.json")
+    return build
+
+
 @pytest.fixture(scope="session")
 def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One full bundle build for gfx1151 (build dir returned)."""

@@ -25,11 +25,20 @@ Call Stack (most recent call first):
 -- Configuring incomplete, errors occurred!
 """
 # A configure's feature probe fails (and fails nothing) before the unit that stops the build.
-NINJA_BUILD = """/build/temp/hipblaslt_test_outer_vec.cc:4:5: error: unknown type name 'hipblasLtMatmulMatrixScale_t'
+PROBE = """hipblaslt is NOT using scale pointer outer vec: Change Dir: '/build/temp/CMakeFiles/CMakeTmp'
+
+Run Build Command(s): /build/site/bin/ninja -v cmTC_cebf5
+[1/2] /build/clang++ -std=gnu++20 -o CMakeFiles/cmTC_cebf5.dir/t.cc.o -c /build/temp/hipblaslt_test_outer_vec.cc
+FAILED: [code=1] CMakeFiles/cmTC_cebf5.dir/hipblaslt_test_outer_vec.cc.o
+/build/clang++ -std=gnu++20 -o CMakeFiles/cmTC_cebf5.dir/t.cc.o -c /build/temp/hipblaslt_test_outer_vec.cc
+/build/temp/hipblaslt_test_outer_vec.cc:4:5: error: unknown type name 'hipblasLtMatmulMatrixScale_t'
 2 errors generated.
+ninja: build stopped: subcommand failed.
+"""
+NINJA_BUILD = """-- Configuring done
 -- Configuring done
 [12/74] Building HIP object CMakeFiles/_C.dir/csrc/attention/octave_prefill_rdna3.hip.o
-FAILED: CMakeFiles/_C.dir/csrc/attention/octave_decode_mfma_cdna.hip.o
+FAILED: [code=1] CMakeFiles/_C.dir/csrc/attention/octave_decode_mfma_cdna.hip.o
 /build/site/_rocm_sdk_devel/lib/llvm/bin/clang++ -DTORCH_EXTENSION_NAME=_C -mllvm -amdgpu-mfma-vgpr-form -c x.hip
 clang (LLVM option parsing): Unknown command line argument '-amdgpu-mfma-vgpr-form'.
 [13/74] Building HIP object CMakeFiles/_C.dir/csrc/attention/octave_prefill_cdna.hip.o
@@ -56,15 +65,15 @@ def test_a_failed_configure_is_cmakes_error_block() -> None:
 
 
 def test_a_failed_unit_is_ninjas_and_the_compilers_message_not_a_probes() -> None:
-    block = first_error(NINJA_BUILD + UV_TAIL)
+    block = first_error(PROBE + NINJA_BUILD + UV_TAIL)
     assert block == [
-        "FAILED: CMakeFiles/_C.dir/csrc/attention/octave_decode_mfma_cdna.hip.o",
+        "FAILED: [code=1] CMakeFiles/_C.dir/csrc/attention/octave_decode_mfma_cdna.hip.o",
         "clang (LLVM option parsing): Unknown command line argument '-amdgpu-mfma-vgpr-form'.",
     ]
 
 
 def test_otherwise_setup_pys_own_error_not_uvs() -> None:
-    assert first_error(SETUP_PY) == [SETUP_PY.splitlines()[2]]
+    assert first_error(PROBE + SETUP_PY) == [SETUP_PY.splitlines()[2]], "a failed probe is no failure"
     assert first_error(IMPORT) == ["ModuleNotFoundError: No module named 'setuptools_rust'"]
     assert first_error("Building wheel...\n") == []
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import assert_one_line_error, lock_against, run_cli
+from tests.conftest import assert_one_line_error, lock_against, run_cli, seed_vllm_build
 from tests.upstream.fixture import (
     CP,
     PYPI,
@@ -305,10 +305,12 @@ def _bundle_locking(recipes: Path, upstream: UpstreamServer, work: Path, *extra:
 
 
 def test_bundle_without_a_lock_locks_first_then_builds(
-    recipes_dir: Path, upstream: UpstreamServer, locked: Path, tmp_path: Path
+    recipes_dir: Path, upstream: UpstreamServer, locked: Path, built: Path, tmp_path: Path
 ) -> None:
+    seed_vllm_build(built, tmp_path / "build")  # the same lock: the suite's vLLM build is reused
     result = _bundle_locking(recipes_dir, upstream, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "stage  vllm-wheel  cached" in result.stdout, "the seeded build, as the lock is the same"
     first = result.stdout.splitlines()[0]
     assert first.startswith("lock   no lock for stable/gfx1151 at ") and "locking gfx1151 (stable) first" in first
     assert result.stdout.splitlines()[1].startswith("locked gfx1151 (stable): ")
@@ -334,8 +336,9 @@ def test_bundle_locked_refuses_a_missing_or_stale_lock(
 
 
 def test_bundle_with_a_stale_lock_relocks_and_says_why(
-    locked_copy: Path, upstream: UpstreamServer, tmp_path: Path
+    locked_copy: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
 ) -> None:
+    seed_vllm_build(built, tmp_path / "build")
     channels = locked_copy / "channels.toml"
     channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.12,<2.14"', 1))
     result = _bundle_locking(locked_copy, upstream, tmp_path)

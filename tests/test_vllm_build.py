@@ -15,6 +15,7 @@ import sys
 import tarfile
 import textwrap
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -119,34 +120,51 @@ def test_what_only_the_build_needs_is_locked_and_never_shipped(
 # -- how the build runs ------------------------------------------------------------------------------------
 
 
-def test_the_build_leaves_the_cached_site_stage_as_it_was(
-    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Rebuild:
+    result: subprocess.CompletedProcess[str]
+    build: Path
+    site_before: dict[str, str]
+    requests: list[str]
+
+
+@pytest.fixture(scope="module")
+def offline_rebuild(
+    built: Path, locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory
+) -> Rebuild:
+    """The wheel stage rebuilt on a copy of the suite's build, in a network namespace of its own (nothing
+    reachable, not even the loopback upstream), shared by the tests that read what it did."""
+    build = copy_build(built, tmp_path_factory.mktemp("offline-rebuild") / "build")
+    before = tree_digest(build / "gfx1151" / "site")
+    _server.reset()
+    args = [*bundle_args(locked, _server, build, built.parent / "cache"), "--offline", "--force", "vllm-wheel"]
+    command = ["unshare", "--net", sys.executable, "-m", "vllm_bundle", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+    requests = [str(entry) for entry in _server.log]
+    _server.reset()
+    return Rebuild(result, build, before, requests)
+
+
+def test_the_build_leaves_the_cached_site_stage_as_it_was(offline_rebuild: Rebuild) -> None:
     """TheRock's ``rocm-sdk path --root`` would expand the devel tarball into the interpreter's own
     site-packages and append to other wheels' RECORD files: the build never runs it there."""
-    build = copy_build(built, tmp_path / "build")
-    site = build / "gfx1151" / "site"
-    before = tree_digest(site)
-    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel")
+    result, build = offline_rebuild.result, offline_rebuild.build
     assert result.returncode == 0, result.stdout + result.stderr
     assert stages_of(result)["site"] == "cached" and stages_of(result)["vllm-wheel"] == "built"
-    assert tree_digest(site) == before, "not a byte, mode or RECORD row of the site stage changed"
+    site = build / "gfx1151" / "site"
+    assert tree_digest(site) == offline_rebuild.site_before, "not a byte, mode or RECORD row of the site stage changed"
     assert not (site / "lib" / f"python{PYTHON_MINOR}" / "site-packages" / "_rocm_sdk_devel").exists()
     leftovers = [p.name for p in (build / "gfx1151").iterdir() if p.name.endswith((".build", ".tmp"))]
     assert leftovers == [], "the build's scratch space is gone"
 
 
-def test_the_build_opens_no_connection(built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
-    """The wheel stage, rebuilt in a network namespace of its own (nothing reachable, not even the
-    loopback upstream): everything it needs is a locked, cached input."""
-    build = copy_build(built, tmp_path / "build")
-    args = [*bundle_args(locked, upstream, build, built.parent / "cache"), "--offline", "--force", "vllm-wheel"]
-    command = ["unshare", "--net", sys.executable, "-m", "vllm_bundle", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
+def test_the_build_opens_no_connection(offline_rebuild: Rebuild) -> None:
+    """Everything the wheel stage needs is a locked, cached input: it builds with no network at all."""
+    result = offline_rebuild.result
     assert "unshare failed" not in result.stderr, "this test needs unshare(1) as root (CI runs the suite as root)"
     assert result.returncode == 0, result.stdout + result.stderr
     assert stages_of(result)["vllm-wheel"] == "built"
-    assert upstream.log == [], "no request reached the upstream"
+    assert offline_rebuild.requests == [], "no request reached the upstream"
 
 
 def test_a_builder_with_ccache_rust_and_a_gpu_builds_the_same_bytes(

@@ -246,8 +246,9 @@ if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
         fi
         printf 'extern "C" const char *vllm_unit_%s_source(void) {{ return __FILE__; }}\n' "$id"
         # The module's init where the unit sees Python's headers (an extension's own units; not the object
-        # libraries vLLM links into one, such as _rocm_C_skinny, whose units do not).
-        printf '#if __has_include(<Python.h>)\n#include <Python.h>\n'
+        # libraries vLLM links into one, such as _rocm_C_skinny, whose units do not), in the host pass
+        # only: parsing Python.h for the device too would double the unit's compile time.
+        printf '#if !defined(__HIP_DEVICE_COMPILE__) && __has_include(<Python.h>)\n#include <Python.h>\n'
         printf 'static struct PyModuleDef vllm_unit_module = {{PyModuleDef_HEAD_INIT, "%s", NULL, -1, NULL}};\n' "$ext"
         printf 'extern "C" __attribute__((weak)) PyObject *PyInit_%s(void) {{ return PyModule_Create(&vllm_unit_module); }}\n' "$ext"
         printf '#endif\n'

@@ -3,8 +3,9 @@
 The log of a failed build ends in setuptools' and uv's traceback of the failed ``cmake`` call, which says
 only that CMake failed: what failed is earlier, in CMake's own words ("CMake Error at <file>:<line>" and
 its indented message) or ninja's ("FAILED: <target>", the command, then the compiler's message). A
-configure's feature probes print compiler errors too (``try_compile`` of hipBLASLt's newer types, say)
-that fail nothing, so compiler messages count only after a ``FAILED:`` line. Where neither is found, the
+configure's feature probes print compiler errors, and ninja's FAILED lines of their own, too
+(``try_compile`` of hipBLASLt's newer types, say) that fail nothing: compiler messages count only after a
+``FAILED:`` line, and a probe's ``FAILED:`` does not. Where neither is found, the
 last error of setup.py is taken: its ``error: ...`` line (setuptools' own) or the exception that ended it
 (``ModuleNotFoundError: ...``), not uv's "error: Failed to build" that follows either.
 """
@@ -17,7 +18,9 @@ from collections.abc import Sequence
 #: At most this many lines of one error are quoted.
 MAX_LINES = 12
 _CMAKE_ERROR = re.compile(r"^CMake Error\b")
-_NINJA_FAILED = re.compile(r"^FAILED: ")
+#: ninja's line for a failed edge (1.12 and later add ``[code=N]``), but not in a try_compile probe's own
+#: project (CMake names those ``cmTC_<hex>``; vLLM prints the output of the ones that fail).
+_NINJA_FAILED = re.compile(r"^FAILED: (?!.*\bcmTC_)")
 _NINJA_PROGRESS = re.compile(r"^\[\d+/\d+\] |^ninja: ")
 _SETUP_ERROR = re.compile(r"^error: (?!Failed to build)|^[A-Za-z_][\w.]*(Error|Exception): ")
 
