@@ -27,6 +27,7 @@ from tests.conftest import (
     bundle_args,
     lock_against,
     run_cli,
+    seed_vllm_build,
     small_disk,
     tree_digest,
 )
@@ -119,7 +120,7 @@ SLOW_SITE = textwrap.dedent("""
 def test_a_second_bundle_on_the_same_build_dir_waits_for_the_first(
     locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
 ) -> None:
-    build = tmp_path / "build"
+    build = seed_vllm_build(built, tmp_path / "build")  # what is tested is the wait, not vLLM's build
     args = bundle_args(locked, upstream, build, built.parent / "cache")
     first = subprocess.Popen(
         [sys.executable, "-c", SLOW_SITE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -79,6 +79,19 @@ def test_every_hip_extension_carries_code_objects_for_the_target(built: Path) ->
     }
 
 
+def test_the_bundles_vllm_is_built_by_vllms_own_setup_py_and_cmake(built: Path) -> None:
+    """The stage log of the suite's bundle: vLLM 0.33.0's own configure found torch and chose the target's
+    ISA, its hipify ran, and setup.py built the wheel (what no fake build script would print)."""
+    log = (built / "gfx1151" / "logs" / "vllm-wheel.log").read_text()
+    assert f"-- Found Torch: {built}/gfx1151/site/lib/python{PYTHON_MINOR}/site-packages/torch/lib/libtorch.so" in log
+    assert "-- Target device: rocm" in log and "-- Enabling C extension." in log
+    (arches,) = [line for line in log.splitlines() if line.startswith("-- HIP supported arches: ")]
+    assert "gfx1151" in arches.split(": ", 1)[1].split(";")
+    assert "-- Building skinny_gemms for archs: gfx1151\n" in log, "the HIP architectures it chose: the target's"
+    assert "Running hipify on all extension source files." in log
+    assert "running bdist_wheel" in log and "Successfully built " in log
+
+
 def test_the_extensions_load_and_name_no_build_path(built: Path, tmp_path: Path) -> None:
     """Linked against the SDK's HIP runtime (found through the launcher's library path); ``__FILE__`` was
     mapped to /vllm-bundle-build, so nothing names the directory the build ran in."""

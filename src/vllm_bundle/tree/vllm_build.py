@@ -53,7 +53,10 @@ from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
 from vllm_bundle.util.fsutil import link_or_copy
 
-STAGE_VERSION = 2
+#: Part of the vllm-wheel stage's key: raised whenever the build itself changes (its environment, CMake's
+#: arguments, what goes into scratch), so a stage an older vllm-bundle built is built again. 3: the
+#: libraries' link (CMAKE_BUILD_WITH_INSTALL_RPATH), the build group in a Python-only build.
+STAGE_VERSION = 3
 LOG_TAIL_LINES = 40
 #: A vLLM HIP/C++ compile job peaks at roughly 4 GiB of memory; more jobs than memory allows swaps or
 #: gets OOM-killed, so MAX_JOBS is the smaller of the cores and the memory in 4 GiB units.
