@@ -114,10 +114,9 @@ def _wheel_build(site: Layout, group: dict[Path, str], fixture_tree: Fixture) ->
 def _prepare(site: Layout, group: dict[Path, str], fixture_tree: Fixture, scratch: Path) -> dict[str, str]:
     """What run_build does before it calls uv build: the scratch site and the build's environment."""
     build = _wheel_build(site, group, fixture_tree)
-    assert build.rocm is not None
     scratch.mkdir(parents=True)
     env, bins = vllm_build.build_group_setup(build, scratch)
-    env |= vllm_build.rocm_setup(RECIPES.target("gfx1151"), build, build.rocm, scratch, scratch.parent)
+    env |= vllm_build.rocm_setup(RECIPES.target("gfx1151"), build, scratch, scratch.parent)
     return {**vllm_build.base_environment(scratch, bins, SOURCE_DATE, 2), **env}
 
 

@@ -443,11 +443,12 @@ def build_group_setup(build: WheelBuild, scratch: Path) -> tuple[dict[str, str],
     return {"PYTHONPATH": str(site)}, [bin_dir]
 
 
-def rocm_setup(target: Target, build: WheelBuild, rocm: RocmInputs, scratch: Path, root: Path) -> dict[str, str]:
+def rocm_setup(target: Target, build: WheelBuild, scratch: Path, root: Path) -> dict[str, str]:
     """The rest of a ROCm build's scratch (its build group installed there first): the devel tree
     expanded beside links to the site stage's SDK, the triton_kernels source; returns the variables."""
-    if build.site_packages is None:
-        raise BuildError("a ROCm build of vLLM needs the site stage", "build it with `bundle`")
+    rocm = build.rocm
+    if rocm is None or build.site_packages is None:
+        raise BuildError("a ROCm build of vLLM needs its ROCm inputs and the site stage", "build it with `bundle`")
     core = require_core(build.site_packages)
     site = scratch / "site"
     devel = expand_devel(site, core)
@@ -474,7 +475,7 @@ def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: P
             group_env, extra = build_group_setup(build, scratch)
             env |= group_env
         if build.rocm is not None:  # the build directory holds the source copy, scratch and the site stage
-            env |= rocm_setup(target, build, build.rocm, scratch, out.parent)
+            env |= rocm_setup(target, build, scratch, out.parent)
         bin_dirs = [shims, *extra, build.python.parent]
         env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
         if build.site_packages is not None:
