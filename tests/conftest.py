@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 from platformdirs import user_cache_dir
 
-from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_MULTI_ARCH, Fixture, build_fixture
+from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_NEXT, Fixture, build_fixture
 from tests.upstream.pypi import ZIGLANG_STAND_IN
 from tests.upstream.real_wheels import real_wheels
 from tests.upstream.server import UpstreamServer
@@ -146,7 +146,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 
 @pytest.fixture(scope="session")
 def locked(_server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the recipes with a gfx1151 (stable) lock made against the fake upstream."""
+    """A copy of the recipes with a gfx1151 lock of the default channel (stable) made against the fake upstream."""
     recipes = copy_recipes(tmp_path_factory.mktemp("locked") / "recipes")
     result = lock_against(_server, recipes, "gfx1151", recipes.parent / "lock-cache")
     assert result.returncode == 0, result.stderr
@@ -161,7 +161,7 @@ def lock_against(server: UpstreamServer, recipes: Path, target: str, cache: Path
         "--recipes",
         recipes,
         "--therock-index",
-        f"{server.url}/{THEROCK_MULTI_ARCH}/",
+        f"{server.url}/{THEROCK_NEXT}/",
         "--pypi-index",
         f"{server.url}/{PYPI}/",
         "--mirror",

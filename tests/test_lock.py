@@ -16,7 +16,7 @@ from tests.upstream.fixture import (
     PYPI,
     PYTHON_VERSION,
     ROCM_VERSION,
-    THEROCK_MULTI_ARCH,
+    THEROCK_NEXT,
     TORCH_VERSION,
     TORCHVISION_VERSION,
     TRITON_VERSION,
@@ -59,7 +59,7 @@ def test_lock_holds_every_component_for_the_target(locked: Path) -> None:
         "rocm-sdk-device-gfx1151",
         "torch",
         "amd-torch-device-gfx1151",
-        "amd-torch-device-gfx11",
+        "amd-torch-device-gfx115x",  # the sub-family package stable whl-next has
         "torchvision",
         "amd-torchvision-device-gfx1151",
         "triton",
@@ -90,7 +90,7 @@ def test_lock_keeps_the_one_wheel_the_bundle_installs(locked: Path) -> None:
 def test_vllm_torch_pins_are_replaced_by_therock_builds(locked: Path) -> None:
     _, pylock = lock_docs(locked)
     torch = next(p for p in pylock["packages"] if p["name"] == "torch")
-    assert torch["version"] == TORCH_VERSION  # vLLM's requirements/rocm.txt asked for torch==2.12.0
+    assert torch["version"] == TORCH_VERSION  # vLLM's requirements/rocm.txt asked for torch==2.12.0: dropped
 
 
 def test_lock_check_passes_on_a_fresh_lock(locked: Path) -> None:
@@ -167,7 +167,7 @@ def locked_copy(locked: Path, tmp_path: Path) -> Path:
 
 def test_lock_out_of_date_with_its_recipe(locked_copy: Path) -> None:
     channels = locked_copy / "channels.toml"
-    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.13"', 1))
+    channels.write_text(channels.read_text().replace('torch = ">=2.13"', 'torch = ">=2.13,<2.14"', 1))
     result = run_cli("lock", "--check", "--recipes", locked_copy)
     assert_one_line_error(result, "out of date with its recipe", "nox -s lock -- gfx1151 --channel stable")
     fetch = run_cli("fetch", "gfx1151", "--recipes", locked_copy, "--offline", "--cache-dir", locked_copy / "c")
@@ -233,11 +233,11 @@ def test_lock_with_a_python_release_lacking_the_asset(locked: Path, upstream: Up
 @pytest.mark.parametrize(
     ("pin", "unsatisfiable", "error"),
     [
-        ('torch = ">=2.12,<2.13"', 'torch = ">=9"', "uv could not resolve the wheels for gfx1151/stable"),
+        ('torch = ">=2.13"', 'torch = ">=9"', "uv could not resolve the wheels for gfx1151/stable"),
         (
-            'rocm = ">=7.14,<7.15"',
-            'rocm = ">=9"',
-            f"torch {TORCH_VERSION} requires ROCm {ROCM_VERSION}, which channel stable does not allow (rocm >=9)",
+            'rocm = ">=10.0"',
+            'rocm = "<10"',
+            f"torch {TORCH_VERSION} requires ROCm {ROCM_VERSION}, which channel stable does not allow (rocm <10)",
         ),
     ],
     ids=["torch", "the ROCm torch requires"],
@@ -299,7 +299,7 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
 
 def _bundle_locking(recipes: Path, upstream: UpstreamServer, work: Path, *extra: str):  # type: ignore[no-untyped-def]
     args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes, "--cache-dir", work / "cache", "--plain"]
-    args += ["--therock-index", f"{upstream.url}/{THEROCK_MULTI_ARCH}/", "--pypi-index", f"{upstream.url}/{PYPI}/"]
+    args += ["--therock-index", f"{upstream.url}/{THEROCK_NEXT}/", "--pypi-index", f"{upstream.url}/{PYPI}/"]
     args += ["--mirror", f"{upstream.url}/mirror/"]
     return run_cli(*args, "--build-dir", work / "build", "--no-archive", *extra, timeout=600)
 
@@ -330,7 +330,7 @@ def test_bundle_locked_refuses_a_missing_or_stale_lock(
     assert not (recipes_dir / "locks").exists() and not (tmp_path / "a" / "build").exists()
     assert upstream.log == [], "no connection"
     channels = locked_copy / "channels.toml"
-    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.12,<2.14"', 1))
+    channels.write_text(channels.read_text().replace('torch = ">=2.13"', 'torch = ">=2.13,<2.14"', 1))
     stale = _bundle_locking(locked_copy, upstream, tmp_path / "b", "--locked")
     assert_one_line_error(stale, "out of date with its recipe")
 
@@ -340,7 +340,7 @@ def test_bundle_with_a_stale_lock_relocks_and_says_why(
 ) -> None:
     seed_vllm_build(built, tmp_path / "build")
     channels = locked_copy / "channels.toml"
-    channels.write_text(channels.read_text().replace('torch = ">=2.12,<2.13"', 'torch = ">=2.12,<2.14"', 1))
+    channels.write_text(channels.read_text().replace('torch = ">=2.13"', 'torch = ">=2.13,<2.14"', 1))
     result = _bundle_locking(locked_copy, upstream, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     first = result.stdout.splitlines()[0]

@@ -108,6 +108,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "c-toolchain",
         "build-paths",
         "size",
+        "triton-kernels",
         "relocated-smoke",
     }
     assert "PASSED" in result.stdout
@@ -129,6 +130,16 @@ def _compile_extension(path: Path, symbol: str) -> None:
     source.write_text(f"extern int {symbol};\nint use(void) {{ return {symbol}; }}\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(path), str(source)], check=True)
     source.unlink()
+
+
+def _triton_kernels_of_another_triton(root: Path) -> None:
+    """vLLM 0.33.0 pins triton_kernels of Triton's 3.8 branch (cmake/external_projects/triton_kernels.cmake),
+    whose target_info imports is_hip_gfx1250 (triton-lang/triton python/triton_kernels/triton_kernels/
+    target_info.py), a name the bundle's Triton 3.7.1 does not have (PyPI triton-3.7.1
+    triton/language/target_info.py)."""
+    module = root / SITE / "vllm" / "third_party" / "triton_kernels" / "target_info.py"
+    assert module.is_file(), "premise: the bundle's vLLM has triton_kernels"
+    module.write_text(module.read_text().replace("is_hip_cdna4)", "is_hip_cdna4, is_hip_gfx1250)"))
 
 
 def _drop_comgr(root: Path) -> None:
@@ -200,10 +211,15 @@ def _undefined_torch_symbol(root: Path) -> None:
         (_break_launcher, "launcher", "bin/vllm-server is not valid sh"),
         (_no_runtime_hook, "runtime", "site-packages/vllm-bundle-runtime.pth is missing"),
         (_no_zig, "c-toolchain", f"{SITE}/ziglang/zig, which libexec/vllm-bundle/cc runs, is missing"),
-        (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.12.0+rocm"),
+        (_torch_mismatch, "torch-requirement", "vLLM requires torch==2.9.0, the bundle has torch 2.13.0+rocm"),
         (_undefined_torch_symbol, "torch-abi", "needs _ZN3c1019UndefinedTensorImpl10_singletonE"),
         (_cuda_library, "no-cuda", "torchvision.libs/libcudart.faf08d9a.so.13 is a CUDA library"),
         (_cudnn, "no-cuda", "nvidia/cudnn/lib/libcudnn_ops.so.9 is a CUDA library"),
+        (
+            _triton_kernels_of_another_triton,
+            "triton-kernels",
+            "triton_kernels.target_info: ImportError: cannot import name 'is_hip_gfx1250'",
+        ),
     ],
 )
 def test_planted_defect_is_named(

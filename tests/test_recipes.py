@@ -35,7 +35,7 @@ def test_repository_recipes_hold_the_design_target_table() -> None:
     gfx110x = recipes.target("gfx110X")
     assert gfx110x.pytorch_rocm_arch == "gfx1100;gfx1101;gfx1102;gfx1103"
     assert recipes.device_packages == {"rocm": "rocm-sdk-device", "torch": "amd-torch-device"}
-    assert {"stable", "stable-next", "nightly", "nightly-legacy"} <= set(recipes.channels)
+    assert {"stable", "nightly", "frozen-7.14", "nightly-legacy"} <= set(recipes.channels)
     assert recipes.channel("nightly-legacy").sdk_wheels_for(gfx110x)[1] == "rocm-sdk-libraries-gfx110X-all"
     assert recipes.python.asset.endswith("-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz")
 
@@ -69,7 +69,7 @@ def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
             "size-budget-gib = -1\n",
             "targets.toml: targets.gfx1151.size-budget-gib",
         ),
-        ("channels.toml", 'rocm = ">=7.14,<7.15"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
+        ("channels.toml", 'rocm = ">=10.0"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
         ("channels.toml", 'therock-layout = "multi-arch"', 'therock-layout = "flat"', "channels.stable.therock-layout"),
         ("components.toml", 'release = "', 'release = "x', "components.toml: python.release"),
         ("components.toml", 'version = "0.33.0"', 'version = "latest"', "components.toml: vllm.version"),

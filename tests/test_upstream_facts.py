@@ -26,10 +26,11 @@ from tests.upstream.fixture import (
     THEROCK_MULTI_ARCH,
     THEROCK_NEXT,
     TORCH_VERSION,
+    TORCHVISION_VERSION,
     Fixture,
 )
 from tests.upstream.server import Fault, UpstreamServer
-from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
+from tests.upstream.therock import HIP_RUNTIME_H, MULTI_ARCH, NEXT, host_compiler
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
@@ -65,7 +66,7 @@ def _lock(upstream: UpstreamServer, recipes: Path, target: str, cache: Path, *ex
         *("lock", target, "--recipes", recipes, "--cache-dir", cache, "--plain"),
         *(
             "--therock-index",
-            f"{upstream.url}/{index or THEROCK_MULTI_ARCH}/",
+            f"{upstream.url}/{index or THEROCK_NEXT}/",
             "--pypi-index",
             f"{upstream.url}/{PYPI}/",
         ),
@@ -80,7 +81,7 @@ def test_rocm_is_published_as_an_sdist_only_and_torch_requires_it(fixture_tree: 
     for index in (THEROCK_MULTI_ARCH, THEROCK_NEXT):
         rocm = _project_files(fixture_tree, index, "rocm")
         assert rocm and all(p.name.endswith(".tar.gz") for p in rocm), index
-    (torch,) = _project_files(fixture_tree, THEROCK_MULTI_ARCH, "torch")
+    (torch,) = _project_files(fixture_tree, THEROCK_NEXT, "torch")
     assert f"Requires-Dist: rocm[libraries]=={ROCM_VERSION}" in _metadata(torch)
 
 
@@ -136,7 +137,7 @@ def test_overlapping_names_come_from_pypi_and_therocks_own_from_therock(
     locked: Path, fixture_tree: Fixture, upstream: UpstreamServer
 ) -> None:
     for project in ("numpy", "setuptools", "filelock"):
-        assert _project_files(fixture_tree, THEROCK_MULTI_ARCH, project) and _project_files(fixture_tree, PYPI, project)
+        assert _project_files(fixture_tree, THEROCK_NEXT, project) and _project_files(fixture_tree, PYPI, project)
     pylock = _pylock(locked)
     assert _package(pylock, "numpy")["version"] == "2.3.5", "TheRock's mirror has 2.9.0"
     assert _package(pylock, "setuptools")["version"] == "79.0.1", "vLLM needs setuptools<80 (TheRock mirrors 81)"
@@ -149,7 +150,7 @@ def test_overlapping_names_come_from_pypi_and_therocks_own_from_therock(
 def test_pages_without_hashes_still_give_verified_pins(
     fixture_tree: Fixture, recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
-    page = (fixture_tree.root / THEROCK_MULTI_ARCH / "rocm-sdk-libraries" / "index.html").read_text()
+    page = (fixture_tree.root / THEROCK_NEXT / "rocm-sdk-libraries" / "index.html").read_text()
     assert "#sha256=" not in page, "premise: this page publishes no hash"
     result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
     assert result.returncode == 0, result.stderr
@@ -167,7 +168,7 @@ def test_the_locks_hashing_downloads_resume_show_progress_and_run_several_at_a_t
     """TheRock's hashless wheels weigh gigabytes: the lock hashes them through the fetcher (manage.py gives
     some pages no #sha256, manage_structured.py none), so a cut body resumes where it stopped, each file
     shows progress, and several move at once (the faults touch only the tool's requests, not uv's)."""
-    libraries = next(name for name in fixture_tree.files if name.startswith("rocm_sdk_libraries-7.14.0-"))
+    libraries = next(name for name in fixture_tree.files if name.startswith(f"rocm_sdk_libraries-{ROCM_VERSION}-"))
     slow = [
         next(name for name in fixture_tree.files if name.startswith(prefix))
         for prefix in ("rocm_sdk_device_gfx1151-", "amd_torch_device_gfx1151-", "triton-")
@@ -202,11 +203,14 @@ def test_a_project_page_that_is_not_there_answers_403_on_repo_amd_com(upstream: 
 def test_the_lock_takes_device_code_from_torchs_extras_and_asks_for_no_missing_page(
     locked: Path, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """torch[device-gfx1151] names amd-torch-device-gfx1151 and the gfx11 family package on whl-multi-arch;
-    the lock pins exactly those, and no request of it meets a 403 (the old lock probed gfx115x, gfx11 ...)."""
-    result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
+    """torch[device-gfx1151] names amd-torch-device-gfx1151 and the gfx11 family package on whl-multi-arch
+    (channel frozen-7.14); the lock pins exactly those, and no request of it meets a 403 (the old lock probed
+    gfx115x, gfx11 ...)."""
+    result = _lock(
+        upstream, recipes_dir, "gfx1151", tmp_path / "cache", "--channel", "frozen-7.14", index=THEROCK_MULTI_ARCH
+    )
     assert result.returncode == 0, result.stderr
-    names = {p["name"] for p in _pylock(recipes_dir)["packages"]}
+    names = {p["name"] for p in _pylock(recipes_dir, channel="frozen-7.14")["packages"]}
     assert {n for n in names if n.startswith("amd-torch-device")} == {
         "amd-torch-device-gfx1151",
         "amd-torch-device-gfx11",
@@ -232,11 +236,9 @@ def test_whl_next_device_code_is_what_torch_declares_whatever_a_missing_page_ans
                 {f"rocm-sdk-device-gfx110{n}" for n in range(4)},
             ),
         ):
-            result = _lock(
-                upstream, recipes_dir, target, tmp_path / "cache", "--channel", "stable-next", index=THEROCK_NEXT
-            )
+            result = _lock(upstream, recipes_dir, target, tmp_path / "cache")
             assert result.returncode == 0, result.stderr
-            pylock = _pylock(recipes_dir, target, "stable-next")
+            pylock = _pylock(recipes_dir, target)
             names = {p["name"] for p in pylock["packages"]}
             assert {n for n in names if n.startswith("amd-torch-device")} == torch_devices
             assert {n for n in names if n.startswith("rocm-sdk-device")} == sdk_devices
@@ -246,11 +248,11 @@ def test_whl_next_device_code_is_what_torch_declares_whatever_a_missing_page_ans
 
 
 def test_the_sdk_is_the_release_torch_requires(locked: Path, fixture_tree: Fixture) -> None:
-    """The index holds SDK 7.14.1 (no torch built with it) beside 7.14.0; torch requires rocm[libraries]==7.14.0:
-    every SDK wheel and the rocm sdist are 7.14.0, though the channel allows >=7.14,<7.15."""
-    (torch,) = [p for p in _project_files(fixture_tree, THEROCK_MULTI_ARCH, "torch")]
+    """The index holds SDK 10.0.1 (no torch built with it) beside 10.0.0; torch requires rocm[libraries]==10.0.0:
+    every SDK wheel and the rocm sdist are 10.0.0, though the channel allows >=10.0."""
+    (torch,) = [p for p in _project_files(fixture_tree, THEROCK_NEXT, "torch")]
     assert f"Requires-Dist: rocm[libraries]=={ROCM_VERSION}" in _metadata(torch)
-    assert any("7.14.1" in p.name for p in _project_files(fixture_tree, THEROCK_MULTI_ARCH, "rocm-sdk-core"))
+    assert any("10.0.1" in p.name for p in _project_files(fixture_tree, THEROCK_NEXT, "rocm-sdk-core"))
     pylock = _pylock(locked)
     for name in ("rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-device-gfx1151", "rocm-sdk-devel"):
         assert _package(pylock, name)["version"] == ROCM_VERSION, name
@@ -270,8 +272,8 @@ def test_pypi_serves_a_cuda_torchvision_and_the_bundle_takes_therocks(
     with zipfile.ZipFile(cuda) as wheel:
         assert "torchvision.libs/libcudart.faf08d9a.so.13" in wheel.namelist()
     vision = _package(_pylock(locked), "torchvision")
-    assert vision["version"] == "0.27.0+rocm7.14.0"
-    assert vision["wheels"][0]["url"].rsplit("/", 1)[-1] in {p.name for p in fixture_tree.indexes[THEROCK_MULTI_ARCH]}
+    assert vision["version"] == TORCHVISION_VERSION
+    assert vision["wheels"][0]["url"].rsplit("/", 1)[-1] in {p.name for p in fixture_tree.indexes[THEROCK_NEXT]}
     site = built / "gfx1151" / "root" / SITE
     assert not list(site.rglob("libcudart.*")) and not list(site.glob("torch_c_dlpack_ext/*-cuda.so"))
     report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
@@ -295,9 +297,7 @@ def test_every_sdk_device_wheel_ships_the_same_empty_init(fixture_tree: Fixture,
     pypa/installer refuses a second copy unless it is told they coexist."""
     shared = "_rocm_sdk_libraries/__init__.py"
     wheels = [
-        p
-        for p in fixture_tree.indexes[THEROCK_MULTI_ARCH]
-        if p.name.startswith(("rocm_sdk_device", "rocm_sdk_libraries"))
+        p for p in fixture_tree.indexes[THEROCK_NEXT] if p.name.startswith(("rocm_sdk_device", "rocm_sdk_libraries"))
     ]
     assert len(wheels) > 2
     for wheel in wheels:
@@ -383,6 +383,8 @@ def test_vllm_0_33_source_release_facts(vllm_sdist: VllmSdists) -> None:
     wanted = {
         "requirements/rocm.txt",
         "requirements/build/rock.txt",
+        "requirements/build/rocm.txt",
+        "docker/Dockerfile.rocm_base",
         "CMakeLists.txt",
         "vllm/entrypoints/openai/api_server.py",
         "vllm/platforms/__init__.py",
@@ -400,7 +402,17 @@ def test_vllm_0_33_source_release_facts(vllm_sdist: VllmSdists) -> None:
     assert archs and {"gfx1150", "gfx1151", "gfx1152", "gfx1153"} <= set(archs.group(1).split(";"))
     assert "command is deprecated" in texts["vllm/entrypoints/openai/api_server.py"]
     assert "if not is_rocm and in_wsl():" in texts["vllm/platforms/__init__.py"]
-    assert TORCH_VERSION.startswith("2.12.0+rocm"), "the fixture's stable torch matches"
+    # The frozen whl-multi-arch index is what requirements/build/rock.txt names (rocm.txt's triton pin has no
+    # .rocm7.14.0, so it names no wheel TheRock publishes); stable whl-next is what vLLM's own image uses.
+    for name in ("torch", "torchvision", "triton"):
+        assert f"{name}=={MULTI_ARCH.versions[name]}\n" in texts["requirements/build/rock.txt"], name
+    assert "triton==3.7.1+git0263a6a6\n" in texts["requirements/build/rocm.txt"]
+    dockerfile = texts["docker/Dockerfile.rocm_base"]
+    assert f"ARG TORCH_VERSION={TORCH_VERSION}\n" in dockerfile, "the suite's (stable) torch is vLLM's image's"
+    assert f"ARG TORCHVISION_VERSION={NEXT.versions['torchvision']}\n" in dockerfile
+    assert f"ARG ROCM_SDK_VERSION={ROCM_VERSION}\n" in dockerfile
+    assert 'ARG ROCM_RELEASE_WHEELS_MULTIARCH_URL="https://stable.repo.amd.com/rocm/whl-next/"' in dockerfile
+    assert 'ARG ROCM_NIGHTLY_WHEELS_MULTIARCH_URL="https://nightly.repo.amd.com/rocm/whl-next/"' in dockerfile
 
 
 def _sdist_texts(sdist: Path, version: str, names: set[str]) -> dict[str, str]:
@@ -459,7 +471,7 @@ def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_
     site_stage = Path(shutil.copytree(built / "gfx1151" / "site", tmp_path / "site", symlinks=True))
     layout = Layout(site_stage, PYTHON_MINOR)
     (devel_wheel,) = [
-        p for p in fixture_tree.indexes[THEROCK_MULTI_ARCH] if p.name.startswith(f"rocm_sdk_devel-{ROCM_VERSION}-")
+        p for p in fixture_tree.indexes[THEROCK_NEXT] if p.name.startswith(f"rocm_sdk_devel-{ROCM_VERSION}-")
     ]
     install_wheels(layout, [devel_wheel])
     device_record = next(layout.site.glob("rocm_sdk_device_gfx1151-*.dist-info")) / "RECORD"

@@ -64,11 +64,11 @@ class Channel:
     therock_layout: str
     pypi_index: str
     python_releases: str
-    prereleases: bool
     versions: Mapping[str, str]
     sdk_wheels: tuple[str, ...]  # TheRock's ROCm SDK as wheels; `{family}` for per-family indexes
     vllm_wheel: str | None = None  # repackage mode: a prebuilt vLLM wheel (specifier) from the indexes
     sdk_build_wheels: tuple[str, ...] = ()  # the SDK's wheels needed only to build (rocm-sdk-devel)
+    frozen: str = ""  # why AMD publishes nothing new to this channel's index; empty for a current one
 
     def therock_index_for(self, target: Target) -> str:
         return self.therock_index.replace("{family}", target.legacy_family)
@@ -124,6 +124,15 @@ class PythonRecipe:
 
 
 @dataclass(frozen=True)
+class TheRockRecipe:
+    """``components.toml [therock]``: where TheRock's package names are read from (its ownership data, a
+    file beside the recipes) and which of those names are PyPI projects it only mirrors."""
+
+    ownership: Path
+    pypi_mirrors: frozenset[str]  # canonical names
+
+
+@dataclass(frozen=True)
 class Toolchain:
     """``[toolchain]``: the C compiler every bundle carries, because Triton compiles C at first GPU use
     with ``$CC`` (triton-lang/triton python/triton/runtime/build.py ``_build``) and a host may have no
@@ -169,6 +178,7 @@ class TritonKernels:
     url: str
     filename: str
     package: str
+    triton_repository: str = ""  # owner/repo the bundle's Triton is built from (its +git<commit>'s)
 
 
 Rule = TypeVar("Rule", AttentionRule, ServerRule, ExtensionRule)
@@ -224,6 +234,7 @@ class Recipes:
     raw: Mapping[str, Mapping[str, Any]]  # file name -> parsed TOML, for hashing
     launcher_defaults: Mapping[str, str]  # launcher.toml: variables bin/vllm-server sets unless the caller has
     toolchain: Toolchain
+    therock: TheRockRecipe
 
     def target(self, name: str) -> Target:
         if name not in self.targets:
@@ -250,6 +261,7 @@ class Recipes:
             "target": self.raw[TARGETS_FILE]["targets"][target.name],
             "channel": self.raw[CHANNELS_FILE]["channels"][channel.name],
             "components": self.raw[COMPONENTS_FILE],
+            "therock-ownership": _file_digest(self.therock.ownership),
         }
         canonical = json.dumps(inputs, sort_keys=True, separators=(",", ":"), default=str)
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
@@ -382,11 +394,11 @@ def _parse_channels(doc: Table, components: tuple[str, ...]) -> dict[str, Channe
             therock_layout=layout,
             pypi_index=entry.text("pypi-index"),
             python_releases=entry.text("python-releases"),
-            prereleases=entry.get("prereleases", bool, "true or false"),
             versions={c: versions.data[c] for c in components},
             sdk_wheels=entry.strings("sdk-wheels"),
             vllm_wheel=entry.specifier("vllm-wheel") if "vllm-wheel" in entry.data else None,
             sdk_build_wheels=entry.strings("sdk-build-wheels", ()),
+            frozen=entry.text("frozen", ""),
         )
     return channels
 
@@ -407,6 +419,25 @@ def _parse_python(doc: Table) -> PythonRecipe:
         flavor=python.text("flavor"),
         platform=platform,
     )
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        raise RecipeError(f"cannot read {path}: {err.strerror}", "restore it from the repository") from None
+
+
+def _parse_therock(doc: Table, root: Path) -> TheRockRecipe:
+    table = doc.table("therock")
+    ownership = root / table.text("ownership")
+    if not ownership.is_file():
+        raise RecipeError(
+            f"bad recipe {COMPONENTS_FILE}: therock.ownership: no file {ownership}",
+            "restore TheRock's ownership data from the repository",
+        )
+    mirrors = frozenset(str(canonicalize_name(name)) for name in table.strings("pypi-mirrors"))
+    return TheRockRecipe(ownership=ownership, pypi_mirrors=mirrors)
 
 
 def _parse_toolchain(doc: Table) -> Toolchain:
@@ -493,7 +524,10 @@ def _parse_triton_kernels(vllm: Table) -> TritonKernels:
     url, filename = table.text("url"), table.text("filename")
     if "{commit}" not in url or "{commit}" not in filename:
         raise table.fail("url", "an URL and a file name with {commit} (and {owner}, {repo} as needed)")
-    return TritonKernels(url, filename, table.text("package"))
+    repository = table.text("triton-repository")
+    if repository.count("/") != 1 or not all(repository.split("/")):
+        raise table.fail("triton-repository", "a GitHub repository as owner/name, such as 'ROCm/triton'")
+    return TritonKernels(url, filename, table.text("package"), repository)
 
 
 def load_launcher_defaults(root: Path) -> dict[str, str]:
@@ -540,4 +574,5 @@ def load_recipes(root: Path) -> Recipes:
         raw=raw,
         launcher_defaults=load_launcher_defaults(root),
         toolchain=_parse_toolchain(components),
+        therock=_parse_therock(components, root),
     )

@@ -5,9 +5,13 @@ Served tree::
     releases/cpython-<ver>+<date>-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz, SHA256SUMS
     releases/triton-<commit>.tar.gz               ROCm/triton's source as codeload serves it (triton_kernels)
     files/<every wheel and sdist>
-    therock/whl-multi-arch/<project>/index.html   TheRock's stable multi-arch index (PEP 503, #sha256
-    therock/whl-next/<project>/index.html         only sometimes); see therock.py
-    pypi/simple/<project>/index.json, index.html  PyPI (PEP 691 + 503: hashes, sizes, upload times)
+    therock/stable/whl-next/<project>/index.html  TheRock's stable and nightly aggregate indexes (PEP 503,
+    therock/nightly/whl-next/<project>/...         no #sha256), and the product-local ones they route to
+    therock/<stream>/{core,pytorch}/whl-next/...   (therock.py, facts.toml)
+    therock/whl-multi-arch/<project>/index.html   the frozen 7.14 index (#sha256 only sometimes)
+    therock/v2/<family>/<project>/index.html      the frozen per-family nightly indexes
+    pypi/simple/<project>/index.json, index.html  PyPI (PEP 691 + 503: hashes, sizes, upload times), with its
+                                                  placeholders under TheRock's names and a pre-release
     mirror/<every file>                           a flat mirror (what --mirror serves)
 
 TheRock-shaped wheels carry real ELF libraries with DT_NEEDED chains between packages and hidden
@@ -22,6 +26,7 @@ stand-in kernel per unit for each ISA (therock.py).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import html
 import json
@@ -39,13 +44,14 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from vllm_bundle.inputs.facts import IndexFacts
+from vllm_bundle.inputs.triton_kernels import triton_commit
 from vllm_bundle.util.elf import dynamic_info, patchelf_bin, set_runpath
 
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 from .real_wheels import RealWheels
 from .rocm_cmake import CORE, LIBRARIES, runtime_libraries
-from .therock import FACTS, LIBRARY_KEYS, MULTI_ARCH, NEXT
+from .therock import FACTS, LIBRARY_KEYS, MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
 from .torch_cmake import LIBRARIES as TORCH_LIBRARIES
 from .vllm_release import TRITON_KERNELS_COMMIT, VERSION, fixture_vllm_sdist
 
@@ -55,15 +61,25 @@ PYTHON_VERSION = platform.python_version()
 PYTHON_MINOR = "{}.{}".format(*sys.version_info[:2])
 PYTHON_RELEASE = "20251120"
 PYTHON_TRIPLE = "x86_64-unknown-linux-gnu"
-ROCM_VERSION = MULTI_ARCH.versions["rocm"]
-TORCH_VERSION = MULTI_ARCH.versions["torch"]
-TRITON_VERSION = MULTI_ARCH.versions["triton"]
-TORCHVISION_VERSION = MULTI_ARCH.versions["torchvision"]
+# The suite's default channel is `stable`, as a user's is: TheRock's stable whl-next index.
+ROCM_VERSION = NEXT.versions["rocm"]
+TORCH_VERSION = NEXT.versions["torch"]
+TRITON_VERSION = NEXT.versions["triton"]
+TORCHVISION_VERSION = NEXT.versions["torchvision"]
 VLLM_VERSION = VERSION
 CP = "cp{}{}".format(*sys.version_info[:2])
 THEROCK_MULTI_ARCH = f"therock/{MULTI_ARCH.name}"
 THEROCK_NEXT = f"therock/{NEXT.name}"
-INDEXES = {THEROCK_MULTI_ARCH: MULTI_ARCH, THEROCK_NEXT: NEXT}
+THEROCK_NIGHTLY = f"therock/{NIGHTLY.name}"
+THEROCK_PER_FAMILY = f"therock/{PER_FAMILY.name}"  # {family}: one index per family
+#: Each served TheRock index directory and its facts (a per-family index: one directory per family).
+INDEXES = {
+    f"therock/{index.name.format(family=family)}": dataclasses.replace(index, families=(family,))
+    if index.layout == "per-family"
+    else index
+    for index in FACTS.indexes.values()
+    for family in (index.families or ("",))
+}
 PYPI = "pypi/simple"
 
 # torch._C: a real CPython extension whose call crosses torch/lib into the ROCm SDK's libraries.
@@ -104,6 +120,13 @@ int hipGetProcAddress(const char *symbol, void **fn, int version, unsigned long 
     return 0;
 }
 """
+
+
+#: triton_kernels/target_info.py's import of Triton's (triton-lang/triton python/triton_kernels): the names
+#: Triton 3.7.1's triton/language/target_info.py defines (PyPI triton-3.7.1 cp312 wheel).
+TRITON_KERNELS_TARGET_INFO = (
+    b"from triton.language.target_info import (cuda_capability_geq, is_cuda, is_hip, is_hip_cdna3, is_hip_cdna4)\n"
+)
 
 
 @dataclass
@@ -298,16 +321,18 @@ def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     (fx.releases / FACTS.cpython.checksums).write_text("\n".join(sums) + "\n")
 
 
-def _triton_kernels_archive(releases: Path) -> Path:
+def _triton_kernels_archive(releases: Path, commit: str) -> Path:
     """What ``https://codeload.github.com/ROCm/triton/tar.gz/<commit>`` serves (vLLM's
     docker/Dockerfile.rocm:289-299 takes triton_kernels from it): one ``triton-<commit>/`` top directory,
-    the Python package under ``python/triton_kernels/triton_kernels``."""
-    top = f"triton-{TRITON_KERNELS_COMMIT}"
+    the Python package under ``python/triton_kernels/triton_kernels``, whose modules import Triton's
+    internals (target_info: names Triton 3.7.1's triton.language.target_info has)."""
+    top = f"triton-{commit}"
     package = f"{top}/python/triton_kernels/triton_kernels"
     contents = {
         f"{top}/README.md": b"# triton (fixture)\n",
         f"{top}/python/triton_kernels/pyproject.toml": b"[project]\nname = 'triton_kernels'\n",
         f"{package}/__init__.py": b"",
+        f"{package}/target_info.py": TRITON_KERNELS_TARGET_INFO,
         f"{package}/matmul_ogs.py": b"def matmul_ogs(*args):\n    raise NotImplementedError\n",
         f"{package}/tensor_details/layout.py": b"LAYOUTS = ()\n",
         f"{package}/README.md": b"not a Python file: not installed\n",
@@ -336,7 +361,8 @@ def owner_index(where: str, index: IndexFacts, owner: str) -> str:
 def _index_facts(where: str) -> IndexFacts | None:
     """TheRock's index a served directory is (an aggregate one or a product-local one), None for PyPI."""
     for name, index in INDEXES.items():
-        if where == name or (index.owner_pages and where.endswith(f"/{index.name}")):
+        owners = {owner_index(name, index, p.owner) for p in FACTS.therock} if index.owner_pages else set()
+        if where == name or where in owners:
             return index
     return None
 
@@ -390,7 +416,9 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
     for version, members in real.torch.items():  # directories: members of real torch wheels (torch/...)
         libs[f"torch-members-{version}"] = members
     _python_tarball(fx, cache)
-    _triton_kernels_archive(fx.releases)
+    # vLLM's pin, and the commit whl-multi-arch's Triton names (3.7.1+git0263a6a6.rocm7.14.0)
+    for commit in (TRITON_KERNELS_COMMIT, triton_commit(MULTI_ARCH.versions["triton"]) or ""):
+        _triton_kernels_archive(fx.releases, commit)
     files = root / "files"
     for where, index in INDEXES.items():
         by_owner = therock.stream_artifacts(files, index, libs, CP)
@@ -398,7 +426,7 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
         for owner, paths in by_owner.items():  # whl-next's product-local indexes, which it routes to
             if index.owner_pages:
                 fx.serve(owner_index(where, index, owner), paths)
-    fx.serve(THEROCK_MULTI_ARCH, [_prebuilt_vllm(files)])
+    fx.serve(THEROCK_NEXT, [_prebuilt_vllm(files)])
     served = [*pypi.pypi_artifacts(files, root / "_work" / "pypi", CP), fixture_vllm_sdist(real.vllm_sdist, files)]
     real_files = [real.ziglang, *real.build_tools]
     fx.serve(PYPI, [*served, *(_hard_link(path, files) for path in real_files)])

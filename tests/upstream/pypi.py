@@ -25,7 +25,7 @@ from pathlib import Path
 
 from vllm_bundle.inputs.facts import ProjectFacts
 
-from .packaging_fixtures import Content, compile_shared, make_wheel
+from .packaging_fixtures import Content, compile_shared, make_tarball, make_wheel
 from .therock import FACTS
 
 OTHER_CP = "cp39"  # a wheel for another interpreter, which the lock must not pick
@@ -138,15 +138,37 @@ def _fact_contents(project: ProjectFacts, work: Path, values: dict[str, str]) ->
     return contents
 
 
+#: A placeholder's module, as PyPI's amd_torch_device_gfx1151-0.0.1.dev0 wheel has it (facts.toml).
+PLACEHOLDER = "__version__ = {version!r}\n\n\ndef hello():\n    return 'Hello from {name}!'\n"
+
+
+def _placeholder_sdist(files: Path, name: str, version: str) -> Path:
+    """``<name>-<version>.tar.gz`` (PEP 625 name) with an empty module: what PyPI's 0.1.0 placeholders hold."""
+    top = f"{name.replace('-', '_')}-{version}"
+    contents = {
+        f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{top}/src/{name.replace('-', '_')}/__init__.py": b"",
+    }
+    return make_tarball(files / f"{top}.tar.gz", contents)
+
+
 def fact_projects(files: Path, work: Path, cp: str) -> list[Path]:
-    """PyPI's projects as facts.toml records them (tags, requirements, the native files that matter)."""
-    wheels = []
+    """PyPI's projects as facts.toml records them (tags, requirements, the native files that matter), and
+    the placeholders PyPI holds under TheRock's names."""
+    artifacts = []
     for project in FACTS.pypi:
         values = {"cp": cp}
+        if "sdist" in project.kind:
+            artifacts.append(_placeholder_sdist(files, project.name, project.version))
+        if "wheel" not in project.kind:
+            continue
         contents = _fact_contents(project, work, values)
+        if project.placeholder:
+            module = f"{project.name.replace('-', '_')}/__init__.py"
+            contents[module] = PLACEHOLDER.format(version=project.version, name=project.name).encode()
         tag = project.tag.format_map(values)
-        wheels.append(make_wheel(files, project.name, project.version, tag, contents, project.requires))
-    return wheels
+        artifacts.append(make_wheel(files, project.name, project.version, tag, contents, project.requires))
+    return artifacts
 
 
 def pypi_artifacts(files: Path, work: Path, cp: str) -> list[Path]:

@@ -39,7 +39,9 @@ from .packaging_fixtures import Content, make_tarball, make_wheel
 
 FACTS = load_facts(Path(__file__).with_name("facts.toml"))
 MULTI_ARCH = FACTS.indexes["whl-multi-arch"]
-NEXT = FACTS.indexes["whl-next"]
+NEXT = FACTS.indexes["stable/whl-next"]
+NIGHTLY = FACTS.indexes["nightly/whl-next"]
+PER_FAMILY = FACTS.indexes["v2/{family}"]
 ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
 AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
 
@@ -134,6 +136,14 @@ setup(
     }},
 )
 """
+
+
+#: triton/language/target_info.py: the names PyPI's triton-3.7.1 wheel defines there (cp312 manylinux,
+#: sha256 7e408699…dc449a728), which triton_kernels imports; no GPU query at import time here.
+TRITON_TARGET_INFO = b"".join(
+    f"def {name}(*args):\n    raise RuntimeError('no GPU')\n\n\n".encode()
+    for name in ("current_target", "is_cuda", "cuda_capability_geq", "is_hip", "is_hip_cdna3", "is_hip_cdna4")
+)
 
 
 BUILD_SYSTEM = b'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
@@ -396,9 +406,14 @@ def _stub(path: str) -> bytes:
     return b"" if path.endswith("__init__.py") else f"{path}\n".encode()
 
 
-def _built_contents(name: str, values: Mapping[str, str], libs: dict[str, Path], work: Path) -> dict[str, Content]:
-    """The content the builder makes for a project, beyond the stubs its facts ask for."""
+def _built_contents(
+    name: str, values: Mapping[str, str], libs: dict[str, Path], work: Path, index: IndexFacts
+) -> dict[str, Content]:
+    """The content the builder makes for a project, beyond the stubs its facts ask for (a per-family index's
+    are stubs only: the suite locks that channel and builds no bundle from it)."""
     rocm = values["rocm"]
+    if index.layout == "per-family":
+        return {}
     if name == "rocm-sdk-core":
         return core_files(rocm, libs)
     if name == "rocm-sdk-libraries":
@@ -426,7 +441,13 @@ def _built_contents(name: str, values: Mapping[str, str], libs: dict[str, Path],
     if name == "triton":  # with the real AMD backend's C source and headers (real_wheels.py)
         amd = libs["triton-amd"]
         real = {f"triton/backends/amd/{p.relative_to(amd)}": p for p in sorted(amd.rglob("*")) if p.is_file()}
-        return {"triton/__init__.py": b"__version__ = '3.7.1'\n", "triton/_C/libtriton.so": libs["triton"], **real}
+        return {
+            "triton/__init__.py": b"__version__ = '3.7.1'\n",
+            "triton/_C/libtriton.so": libs["triton"],
+            "triton/language/__init__.py": b"",
+            "triton/language/target_info.py": TRITON_TARGET_INFO,
+            **real,
+        }
     return {}
 
 
@@ -441,12 +462,12 @@ def project_artifacts(
         if project.kind == "sdist":
             artifacts.append(rocm_sdist(files, version))
             continue
-        contents = _built_contents(name, values, libs, files.parent / "_work")
+        contents = _built_contents(name, values, libs, files.parent / "_work", index)
         for path in project.files:
             contents.setdefault(path.format_map(values), _stub(path.format_map(values)))
         if not contents:  # a mirrored PyPI package
             contents[f"{name.replace('-', '_')}/__init__.py"] = b""
-        requires = [line.format_map(values) for line in project.requires]
+        requires = project.requirements(values, index)
         if project.device_packages:
             requires += device_extras(project.device_packages, version, index)
         executables = tuple(path for path in contents if "/llvm/bin/" in path)
@@ -467,6 +488,8 @@ def stream_artifacts(files: Path, index: IndexFacts, libs: dict[str, Path], cp: 
     its SDK-only releases."""
     by_owner: dict[str, list[Path]] = {}
     for project in FACTS.therock:
+        if not index.serves(project):
+            continue
         releases = ["", *(index.sdk_only if is_sdk(project) else ())]
         for rocm in releases:
             by_owner.setdefault(project.owner, []).extend(project_artifacts(files, project, index, libs, cp, rocm))

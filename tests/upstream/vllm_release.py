@@ -126,6 +126,9 @@ COMMON = (
     "regex # tokenizer fallback\nfastapi>=0.115\nsentencepiece\nnumpy\n"
     'llguidance >= 1.7.0, < 1.8.0; platform_machine == "x86_64" or platform_machine == "aarch64"\n'
     "ninja # Required for xgrammar, rocm, tpu, xpu\n"
+    # requirements/common.txt:15 as it is (PyPI's newest protobuf is a pre-release: facts.toml)
+    "protobuf >= 5.29.6, !=6.30.*, !=6.31.*, !=6.32.*, !=6.33.0.*, !=6.33.1.*, !=6.33.2.*, !=6.33.3.*, "
+    '!=6.33.4.*; platform_machine != "s390x"\n'
 )
 ROCM = (
     "# Common dependencies\n-r common.txt\n\n--extra-index-url https://download.pytorch.org/whl/rocm6.4\n"

@@ -45,6 +45,13 @@ class IndexFacts:
     # Where each owner's product-local index sits, relative to this one (whl-next routes to them).
     owner_pages: str = ""
     owner_pages_source: str = ""
+    layout: str = "multi-arch"  # or "per-family": one index per family ({family} in its name)
+    families: tuple[str, ...] = ()  # per-family: the families that have an index
+    families_source: str = ""
+
+    def serves(self, project: ProjectFacts) -> bool:
+        """Whether this index has the project at all (some exist in one layout only)."""
+        return project.layout in ("", self.layout)
 
     def device_packages(self, prefix: str, isa: str) -> list[str]:
         """What ``<host>[device-<isa>]`` requires: the ISA's own package and, for torch, each level of the
@@ -68,20 +75,40 @@ class ProjectFacts:
     source: str
     owner: str = ""  # TheRock's: the product that publishes it (core or pytorch)
     mirror: bool = False  # a PyPI package TheRock's indexes serve in their own version
-    kind: str = "wheel"  # or "sdist"
+    kind: str = "wheel"  # or "sdist", or "wheel+sdist"
+    placeholder: bool = False  # a name squatted on PyPI: a stub module (hello()), no code
     version: str = "{rocm}"
     tag: str = ""
     requires: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     device_packages: str = ""  # the prefix of its device-code packages (its device-<isa> extras name them)
+    layout: str = ""  # the one index layout that has it ("multi-arch" or "per-family"), else both
+    requires_parents: bool = False  # a per-ISA device package: also requires its parents the index has (==)
+    aotriton_dirs: Mapping[str, str] = field(default_factory=dict)  # bundle -> its aotriton image directory
+
+    def requirements(self, values: Mapping[str, str], index: IndexFacts | None) -> list[str]:
+        """Its ``Requires-Dist`` lines for one instance: the fact's own and, for a per-ISA device package,
+        ``<prefix>-<parent> == <version>`` for each sub-family and family package of the ISA's packaging
+        chain that the index has (rocm-systems wheel_splitter.py generate_device_metadata)."""
+        lines = [line.format_map(values) for line in self.requires]
+        if self.requires_parents and index is not None:
+            prefix = self.name.removesuffix("-{isa}")
+            version = self.version.format_map(values)
+            parents = index.device_packages(prefix, values["isa"])[1:]
+            lines += [f"{parent}=={version}" for parent in parents]
+        return lines
+
     needed: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # file -> its DT_NEEDED entries
 
     def instances(self, isas: tuple[str, ...], index: IndexFacts | None) -> Iterator[dict[str, str]]:
         """The template values of each project this name template stands for."""
         if "{isa}" in self.name:
             yield from ({"isa": isa} for isa in isas)
+        elif "{family}" in self.name:
+            yield from ({"family": family} for family in (index.families if index else ()))
         elif "{bundle}" in self.name:
-            yield from ({"bundle": bundle} for bundle in (index.torch_device_bundles if index else ()))
+            for bundle in index.torch_device_bundles if index else ():
+                yield {"bundle": bundle, "aotriton": self.aotriton_dirs.get(bundle, f"amd-{bundle}")}
         else:
             yield {}
 
@@ -116,11 +143,15 @@ def _project(entry: Mapping[str, Any]) -> ProjectFacts:
         owner=entry.get("owner", ""),
         mirror=bool(entry.get("mirror", False)),
         kind=entry.get("kind", "wheel"),
+        placeholder=bool(entry.get("placeholder", False)),
         version=entry.get("version", "{rocm}"),
         tag=entry.get("tag", ""),
         requires=tuple(entry.get("requires", ())),
         files=tuple(entry.get("files", ())),
         device_packages=entry.get("device-packages", ""),
+        layout=entry.get("layout", ""),
+        requires_parents=bool(entry.get("requires-parents", False)),
+        aotriton_dirs=dict(entry.get("aotriton-dirs", {})),
         needed={path: tuple(libs) for path, libs in entry.get("needed", {}).items()},
     )
 
@@ -141,6 +172,9 @@ def _index(name: str, entry: Mapping[str, Any]) -> IndexFacts:
         sdk_only_source=entry.get("sdk-only-source", ""),
         owner_pages=entry.get("owner-pages", ""),
         owner_pages_source=entry.get("owner-pages-source", ""),
+        layout=entry.get("layout", "multi-arch"),
+        families=tuple(entry.get("families", ())),
+        families_source=entry.get("families-source", ""),
     )
 
 

@@ -4,7 +4,8 @@
   and pinned with the size and sha256 of the bytes received.
 - vLLM source release: found on the channel's PyPI index, downloaded and verified against the index's
   hash; its requirement files give the dependency closure.
-- triton_kernels: the archive of the commit vLLM's ROCm build would clone (triton_kernels.py).
+- triton_kernels: the archive of the commit the bundle's Triton was built from, else of vLLM's own pin
+  (triton_kernels.py).
 - Wheels (TheRock's ROCm SDK + device code, torch, triton, vLLM's closure, the C toolchain of the
   recipe's ``[toolchain]``): resolved by uv for the
   bundle's interpreter and manylinux platform into a PEP 751 pylock.toml. What only the build needs
@@ -39,6 +40,7 @@ import tomli_w
 import uv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from vllm_bundle.errors import LockError, LockOutOfDateError, NetworkError
 from vllm_bundle.inputs.lockfile import (
@@ -57,10 +59,12 @@ from vllm_bundle.inputs.simple_index import IndexFile, project_files
 from vllm_bundle.inputs.therock import (
     Host,
     Owned,
+    TheRockNames,
     lock_rocm_sdist,
     pinned_stack,
     read_host,
     require_index,
+    therock_names,
     torch_specifier,
 )
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
@@ -168,6 +172,7 @@ EXCLUDES = "rocm\n"
 PLATFORM_FAILURE = re.compile(
     r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\{[^}]*\})?(?:==\S+)? has no wheels with a matching platform tag"
 )
+NOT_FOUND = re.compile(r"Because (?P<name>[A-Za-z0-9][A-Za-z0-9._-]*) was not found in the package registry")
 PLATFORM_HINT = re.compile(
     r"Wheels are available for `(?P<name>[^`]+)` \(v(?P<version>[^)]+)\) on the following platforms?: (?P<tags>.+)"
 )
@@ -197,7 +202,6 @@ def run_uv_compile(
     output: Path,
     recipes: Recipes,
     where: str,
-    channel: Channel,
     pypi: str,
     uv_cache: Path,
     constraints: Path | None = None,
@@ -228,8 +232,10 @@ def run_uv_compile(
         "--only-binary",
         ":all:",
         "--generate-hashes",
+        # A pre-release only where a requirement names one (TheRock's nightly SDK, pinned ==) or where a
+        # package has nothing else; check_sources then refuses any from PyPI.
         "--prerelease",
-        "allow" if channel.prereleases else "if-necessary",
+        "if-necessary-or-explicit",
         "--cache-dir",
         str(uv_cache),
         "--default-index",
@@ -256,6 +262,14 @@ def _resolution_error(stderr: str, recipes: Recipes, where: str) -> LockError:
         )
     if failure:
         return LockError(f"{failure['name']} has no wheel for {recipes.python.platform}", fix)
+    missing = NOT_FOUND.search(stderr)
+    if missing:
+        return LockError(
+            f"the resolution of {where} requires {missing['name']}, which the index it must come from does not "
+            "have (see uv's explanation above)",
+            "the index is missing a package of its release (TheRock#6223 published a torch without its gfx11 "
+            "device bundle): lock again once it is published, or pin an older release in recipes/channels.toml",
+        )
     first = next((ln.strip(" ×╰─▶") for ln in stderr.splitlines() if ln.strip()), "uv failed")
     return LockError(
         f"uv could not resolve the wheels for {where}: {first}",
@@ -366,11 +380,10 @@ class _VllmInputs:
     artifacts: dict[str, Artifact]  # role -> artifact
     upload_times: list[int]
     build_lines: list[str] = field(default_factory=list)  # vLLM's build requirements (same filtering)
+    sdist: Path | None = None  # the source release (in the cache), None in repackage mode
 
 
-def _vllm_inputs(
-    recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str, work: Path, mirror: str | None
-) -> _VllmInputs:
+def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str, work: Path) -> _VllmInputs:
     if channel.vllm_wheel is not None:  # locked as one of TheRock's packages
         fetcher.reporter.note(f"lock   vLLM: prebuilt wheel vllm{channel.vllm_wheel} (repackage mode)")
         return _VllmInputs([], {}, [])
@@ -388,11 +401,8 @@ def _vllm_inputs(
     build_lines = ["# vLLM's build requirements (torch family and index options removed)"]
     build_lines += [f"-r {path}" for path in build.top_files]
     artifacts = {"vllm-sdist": sdist}
-    kernels = lock_archive(recipes.vllm.triton_kernels, blob, recipes.vllm.version, fetcher, mirror)
-    if kernels is not None:
-        artifacts[TRITON_KERNELS] = kernels
     times = [entry.upload_time] if entry.upload_time else []
-    return _VllmInputs(lines, artifacts, times, build_lines if build.top_files else [])
+    return _VllmInputs(lines, artifacts, times, build_lines if build.top_files else [], blob)
 
 
 def _resolve_wheels(
@@ -400,9 +410,17 @@ def _resolve_wheels(
 ) -> tuple[dict[str, Any], _VllmInputs]:
     therock, pypi = sources.therock(channel, target), sources.pypi(channel)
     require_index(fetcher.session, therock, channel, target)
-    vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work, sources.mirror)
+    vllm = _vllm_inputs(recipes, channel, fetcher, pypi, work)
     hosts = _resolve_hosts(recipes, target, channel, fetcher, therock, pypi, work)
-    owned = pinned_stack(recipes, target, channel, hosts)
+    names = therock_names(recipes, channel, target)
+    owned = pinned_stack(recipes, target, channel, hosts, names)
+    if vllm.sdist is not None:
+        triton = next((o.specifier.removeprefix("==") for o in owned if canonicalize_name(o.name) == "triton"), "")
+        kernels = lock_archive(
+            recipes.vllm.triton_kernels, vllm.sdist, recipes.vllm.version, fetcher, sources.mirror, triton
+        )
+        if kernels is not None:
+            vllm.artifacts[TRITON_KERNELS] = kernels
     if channel.vllm_wheel is not None:  # repackage mode: TheRock's prebuilt vLLM wheel
         owned.append(Owned("vllm", channel.vllm_wheel))
     fetcher.reporter.note(f"lock   from TheRock ({therock}): {', '.join(o.line for o in owned)}")
@@ -413,11 +431,13 @@ def _resolve_wheels(
     )
     resolved = work / "pylock.resolved.toml"
     where = f"{target.name}/{channel.name}"
-    run_uv_compile(inputs, resolved, recipes, where, channel, pypi, fetcher.cache.root / "uv")
+    run_uv_compile(inputs, resolved, recipes, where, pypi, fetcher.cache.root / "uv")
     measured = Measured()
     unpublished = _unpublished_hashes(fetcher, therock, owned)
     pylock = _trim_size_and_hash(_read_resolution(resolved), recipes, fetcher, measured, unpublished)
+    check_origins(pylock.get("packages", []), names, fetcher, therock)
     build = _resolve_build_group(recipes, target, channel, fetcher, sources, work, pylock, owned, vllm, measured)
+    check_origins(build, names, fetcher, therock)
     if build:
         pylock["dependency-groups"] = [BUILD_GROUP]
         pylock["packages"] = [*pylock.get("packages", []), *build]
@@ -450,7 +470,7 @@ def _resolve_hosts(
     resolved = where / "pylock.hosts.toml"
     label = f"{target.name}/{channel.name}"
     fetcher.reporter.note(f"lock   reading what TheRock's {', '.join(o.line for o in wanted)} declare")
-    run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", no_deps=True)
+    run_uv_compile(inputs, resolved, recipes, label, pypi, fetcher.cache.root / "uv", no_deps=True)
     ranking = {tag: i for i, tag in enumerate(supported_tags(recipes.python.minor, recipes.python.platform))}
     hosts: dict[str, Host] = {}
     for package in _read_resolution(resolved).get("packages", []):
@@ -498,7 +518,7 @@ def _resolve_build_group(
     fetcher.reporter.note(f"lock   resolving what only the vLLM build needs ({names} and vLLM's build requirements)")
     resolved = where / "pylock.resolved.toml"
     label = f"{target.name}/{channel.name} (build)"
-    run_uv_compile(inputs, resolved, recipes, label, channel, pypi, fetcher.cache.root / "uv", constraints)
+    run_uv_compile(inputs, resolved, recipes, label, pypi, fetcher.cache.root / "uv", constraints)
     packages = _read_resolution(resolved).get("packages", [])
     only: list[dict[str, Any]] = []
     for package in packages:
@@ -516,6 +536,33 @@ def _resolve_build_group(
     return packages_only
 
 
+def check_origins(packages: list[dict[str, Any]], names: TheRockNames, fetcher: Fetcher, therock: str) -> None:
+    """Refuse, in one line, a resolved package that is not what it claims to be: one with a TheRock name
+    whose wheel is not a file of TheRock's index (PyPI's placeholders under those names are empty stubs
+    where device code belongs), or a pre-release from PyPI (only TheRock's own packages may be one)."""
+    for package in packages:
+        name, version = package["name"], package["version"]
+        wheel = package["wheels"][0]
+        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
+        if name in names:
+            try:
+                served = {f.filename for f in project_files(fetcher.session, therock, name)}
+            except LockError:  # no page there: nothing of TheRock's
+                served = set()
+            if filename not in served:
+                raise LockError(
+                    f"{name} {version} is one of TheRock's names but is not a file of TheRock's index {therock} "
+                    f"({filename}): the lock would take a package published elsewhere under TheRock's name "
+                    "(PyPI holds empty placeholders under them)",
+                    "find the requirement that reaches it unpinned (uv pip tree) and report it; do not ship this lock",
+                )
+        elif Version(version).is_prerelease:
+            raise LockError(
+                f"{name} {version} is a pre-release from PyPI, and a bundle ships PyPI's final releases only",
+                f"no final release of {name} satisfies vLLM's requirements: report it, or wait for a final release",
+            )
+
+
 def _unpublished_hashes(fetcher: Fetcher, therock: str, owned: list[Owned]) -> set[str]:
     """The files of TheRock's packages whose index page gives no sha256 (its generators add one only
     sometimes): the lock hashes those from their bytes rather than trust a hash it cannot check."""
@@ -527,6 +574,8 @@ def make_lock(
 ) -> Lock:
     """Resolve, pin and write both lock files for (target, channel)."""
     fetcher.reporter.note(f"lock   {target.name} ({channel.name}): CPython {recipes.python.version}")
+    if channel.frozen:
+        fetcher.reporter.note(f"lock   note: channel {channel.name} is frozen: {channel.frozen}")
     python = lock_python(recipes, channel, fetcher, sources)
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-lock-") as tmp:
         pylock, vllm = _resolve_wheels(recipes, target, channel, fetcher, sources, Path(tmp))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -122,8 +122,8 @@ def _check_wheel_contents(
     with open_wheel(probe.session, wheel.url) as archive:
         names = set(archive.namelist())
         requires = requirements_of(metadata_of(archive, wheel.url))
-        for line in project.requires:
-            wanted = Requirement(line.format_map(values))
+        for line in project.requirements(values, where.index):
+            wanted = Requirement(line)
             same_name = [str(r) for r in requires if canonicalize_name(r.name) == canonicalize_name(wanted.name)]
             probe.expect(
                 wanted in requires,
@@ -169,11 +169,15 @@ def _check_project(
     if project.mirror:
         return  # the fact is that TheRock serves it; the version is the fake's own
     mine = [f for f in files if _version_of(f.filename) == Version(version)]
-    if project.kind == "sdist":
-        sdist = f"{name}-{version}.tar.gz"
+    if "sdist" in project.kind:  # named by the project's name as published or normalized (PEP 625)
+        sdists = {f"{name}-{version}.tar.gz", f"{name.replace('-', '_')}-{version}.tar.gz"}
         probe.expect(
-            any(f.filename == sdist for f in files), f"{where.label} has {sdist}", _versions(files), project.source
+            any(f.filename in sdists for f in files),
+            f"{where.label} has {min(sdists)}",
+            _versions(files),
+            project.source,
         )
+    if "wheel" not in project.kind:
         return
     wheels = [f for f in mine if f.filename.endswith(".whl")]
     if not wheels:
@@ -213,6 +217,8 @@ def _check_index(probe: Probe, where: _Where, index: IndexFacts) -> None:
             index.versions_source,
         )
     for project in probe.facts.therock:
+        if not index.serves(project):
+            continue
         for values in _instances(probe, project, index):
             checked = project.name in version_names  # missing versions are said once
             _check_project(probe, where, project, values, checked)
@@ -273,6 +279,8 @@ def run_probe(
         raise RecipeError(
             f"the facts file models no TheRock index of channel {channel.name}", f"probe one of: {modelled}"
         )
+    if index.layout == "per-family":  # the target's family's own index
+        index = replace(index, name=index.name.format(family=target.legacy_family), families=(target.legacy_family,))
     cp = "cp{}{}".format(*recipes.python.minor.split("."))
     probe = Probe(session, facts, {"cp": cp}, target.isas)
     note(f"probe  python-build-standalone release {recipes.python.release}")

@@ -12,8 +12,14 @@ external-builds/pytorch/build_prod_wheels.py, rocm-systems rocm_kpack/wheel_spli
   the sub-family or family packages the index has): those names, pinned, and the SDK's per-ISA
   ``rocm-sdk-device-<isa>``, never a name guessed and probed (a missing page on repo.amd.com answers 403).
 
+- what those hosts require by one of TheRock's names (rocm-bootstrap) comes from TheRock's index too.
+
 ``rocm`` itself is published as an sdist only; it is pinned as such and built into the bundle (its
 ``rocm_sdk`` module is what torch imports).
+
+Which names are TheRock's is read from its own ownership data (:class:`TheRockNames`): PyPI holds
+placeholders under many of them (``rocm-sdk-core`` 0.1.0, ``amd-torch-device-gfx1151`` 0.0.1.dev0, a
+``hello()`` stub), so after resolution the lock refuses any such package that is not a file of TheRock's index.
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.message import Message
+from pathlib import Path
+from typing import Any
 
 import requests
+import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
@@ -35,6 +44,45 @@ from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.util.fetch import Artifact, Fetcher
 
 ROCM_META = "rocm"
+
+
+@dataclass(frozen=True)
+class TheRockNames:
+    """The package names that are TheRock's: every name of its whl-next ownership data less the PyPI
+    projects it only mirrors (components.toml ``[therock]``), every device-code package (by the prefixes of
+    targets.toml ``[device-packages]``: ``amd-torch-device-gfx11`` exists on whl-multi-arch though the
+    whl-next ownership data has no family package) and the channel's own SDK wheels."""
+
+    names: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        canonical = canonicalize_name(name)
+        return canonical in self.names or canonical.startswith(self.prefixes)
+
+
+def ownership_names(path: Path) -> frozenset[str]:
+    """Every package name of TheRock's ownership file (its ``python_indexes[].packages`` keys)."""
+    try:
+        doc: Any = yaml.safe_load(path.read_text())
+        indexes = doc["python_indexes"]
+        return frozenset(str(canonicalize_name(name)) for index in indexes for name in index["packages"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
+        raise LockError(
+            f"cannot read TheRock's package names from {path}: {err}",
+            "restore recipes/therock-ownership.yaml from the repository (a verbatim copy of TheRock's)",
+        ) from None
+
+
+def therock_names(recipes: Recipes, channel: Channel, target: Target) -> TheRockNames:
+    names = ownership_names(recipes.therock.ownership) - recipes.therock.pypi_mirrors
+    names |= {
+        str(canonicalize_name(n)) for n in (*channel.sdk_wheels_for(target), *channel.sdk_build_wheels_for(target))
+    }
+    prefixes = tuple(f"{canonicalize_name(prefix)}-" for prefix in recipes.device_packages.values())
+    return TheRockNames(frozenset(names), prefixes)
 
 
 @dataclass(frozen=True)
@@ -76,6 +124,7 @@ class Host:
     url: str
     exact: Mapping[str, str] = field(default_factory=dict)  # requirement -> the one version it pins (==)
     devices: Mapping[str, tuple[Owned, ...]] = field(default_factory=dict)  # ISA -> its device-<isa> extra
+    requires: tuple[Owned, ...] = ()  # its requirements that apply whatever the extras
 
 
 def _exact(requirement: Requirement) -> str | None:
@@ -105,23 +154,29 @@ def read_host(session: requests.Session, name: str, version: str, url: str, isas
     packages its ``device-<isa>`` extra requires (empty where it has no such extra)."""
     exact: dict[str, str] = {}
     devices: dict[str, list[Owned]] = {isa: [] for isa in isas}
+    plain: list[Owned] = []
     for requirement in requirements_of(wheel_metadata(session, url)):
         pinned = _exact(requirement)
+        if requirement.marker is None:
+            plain.append(Owned(requirement.name, str(requirement.specifier)))
         if requirement.marker is None and pinned:
             exact[canonicalize_name(requirement.name)] = pinned
         for isa in isas:
             if in_extra(requirement, f"device-{isa}"):
                 devices[isa].append(Owned(requirement.name, str(requirement.specifier)))
-    return Host(name, version, url, exact, {isa: tuple(found) for isa, found in devices.items()})
+    return Host(name, version, url, exact, {isa: tuple(found) for isa, found in devices.items()}, tuple(plain))
 
 
 def _local(version: str) -> str | None:
     return Version(version).local
 
 
-def pinned_stack(recipes: Recipes, target: Target, channel: Channel, hosts: Mapping[str, Host]) -> list[Owned]:
+def pinned_stack(
+    recipes: Recipes, target: Target, channel: Channel, hosts: Mapping[str, Host], names: TheRockNames
+) -> list[Owned]:
     """TheRock's packages of the bundle, each pinned to one version: the SDK at the version torch requires,
-    triton at torch's, each ISA's device code as torch and torchvision declare it."""
+    triton at torch's, each ISA's device code as torch and torchvision declare it; and what the hosts
+    require by one of TheRock's ``names`` (rocm-bootstrap), from TheRock's index as they require it."""
     torch = hosts.get("torch")
     if torch is None or "rocm" not in torch.exact:
         raise LockError(
@@ -130,7 +185,7 @@ def pinned_stack(recipes: Recipes, target: Target, channel: Channel, hosts: Mapp
         )
     sdk = torch.exact["rocm"]
     allowed = SpecifierSet(channel.versions["rocm"])
-    if not allowed.contains(sdk, prereleases=channel.prereleases):
+    if not allowed.contains(sdk):  # a pre-release only where the channel's versions name one
         raise LockError(
             f"torch {torch.version} requires ROCm {sdk}, which channel {channel.name} does not allow (rocm {allowed})",
             "change the versions of rocm or torch in recipes/channels.toml to agree",
@@ -159,6 +214,12 @@ def pinned_stack(recipes: Recipes, target: Target, channel: Channel, hosts: Mapp
                         f"check that channel {channel.name} serves {target.name}",
                     )
                 owned += packages
+    owned += [
+        req
+        for host in hosts.values()
+        for req in host.requires
+        if req.name in names and canonicalize_name(req.name) != ROCM_META
+    ]
     unique: dict[str, Owned] = {}
     for item in owned:
         unique.setdefault(str(canonicalize_name(item.name)), item)

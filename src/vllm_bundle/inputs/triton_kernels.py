@@ -3,9 +3,16 @@
 vLLM's configure step clones the Triton repository its ``cmake/external_projects/triton_kernels.cmake``
 names (for ``VLLM_TARGET_DEVICE=rocm``: ROCm/triton at a pinned commit, vllm-0.33.0) unless the
 environment's ``TRITON_KERNELS_SRC_DIR`` points at the ``triton_kernels`` package; then only that
-directory's ``*.py`` files are installed into the wheel. So the lock reads the repository and commit
-from the source release and pins an archive of that commit (vLLM's own docker/Dockerfile.rocm takes the
-same codeload archive), and the build extracts the package from it: no clone, no network.
+directory's ``*.py`` files are installed into the wheel. The build extracts the package from a locked
+archive: no clone, no network.
+
+Which commit: triton_kernels is Triton's own Python package (``python/triton_kernels``) and imports Triton's
+internals, so it is taken from the commit the bundle's Triton was built from when that Triton's version
+names one (TheRock's are ``3.7.1+git0263a6a6.rocm7.14.0``: Triton's setup.py adds ``+git<8 hex>``, TheRock
+the ``.rocm`` part). vLLM 0.33.0 pins 669b31ac of Triton's 3.8 branch, the Triton its own image builds
+and swaps into TheRock's torch (docker/Dockerfile.rocm_base:6-7, 263-271); its code reads which
+triton_kernels it has (vllm/utils/import_utils.py get_triton_kernels_version) and takes each one's API.
+Without a commit in the version, vLLM's pin is locked and tier 0 is what proves the two import together.
 """
 
 from __future__ import annotations
@@ -56,14 +63,37 @@ def source_of(text: str, where: str) -> tuple[str, str, str]:
     return github["owner"], github["repo"], tag["tag"]
 
 
+_TRITON_COMMIT = re.compile(r"\+git(?P<commit>[0-9a-f]{7,40})(?=$|[.-])")
+
+
+def triton_commit(triton_version: str) -> str | None:
+    """The commit a Triton wheel was built from, as its version names it (``3.7.1+git0263a6a6.rocm7.14.0``)."""
+    found = _TRITON_COMMIT.search(triton_version)
+    return found["commit"] if found else None
+
+
 def lock_archive(
-    recipe: TritonKernels, sdist: Path, version: str, fetcher: Fetcher, mirror: str | None
+    recipe: TritonKernels, sdist: Path, version: str, fetcher: Fetcher, mirror: str | None, triton_version: str
 ) -> Artifact | None:
-    """Pin the archive of the commit the release's ROCm build would clone (None if it clones nothing)."""
+    """Pin the archive of triton_kernels for the bundle's Triton ``triton_version`` (None if the release's
+    ROCm build uses no triton_kernels): the Triton's own commit, else the one vLLM's cmake names."""
     text = cmake_text(sdist, version)
     if text is None:
         return None
     owner, repo, commit = source_of(text, f"{CMAKE_FILE} of vLLM {version}")
+    paired = triton_commit(triton_version)
+    if paired is not None:
+        owner, repo = recipe.triton_repository.split("/")
+        fetcher.reporter.note(
+            f"lock   triton_kernels: from the bundle's Triton {triton_version}'s own commit (vLLM {version} pins "
+            f"{commit[:8]}, its image's Triton)"
+        )
+        commit = paired
+    else:
+        fetcher.reporter.note(
+            f"lock   triton_kernels: vLLM {version}'s pin; the bundle's Triton {triton_version} names no commit "
+            "(tier 0 proves the two import together)"
+        )
     fields = {"owner": owner, "repo": repo, "commit": commit}
     url, filename = recipe.url.format(**fields), recipe.filename.format(**fields)
     fetcher.reporter.note(f"lock   triton_kernels: {owner}/{repo} at {commit[:12]} ({url})")

@@ -393,6 +393,51 @@ def check_size(layout: Layout, target: Target) -> CheckResult:
     return CheckResult("size", not problems, f"{size / 2**30:.2f} GiB of {target.size_budget_gib} GiB", problems)
 
 
+#: Run by the bundle's python: vLLM's triton_kernels imported as vLLM imports it (vllm/utils/import_utils.py
+#: import_triton_kernels: ``vllm.third_party.triton_kernels`` aliased as ``triton_kernels``, whose modules
+#: import each other and Triton's internals by those names), then every module of it, with the bundle's
+#: Triton. A module that needs a Triton name the bundle's Triton lacks (triton_kernels of Triton 3.8 with
+#: Triton 3.7) fails here, not at the first request to an MoE model.
+TRITON_KERNELS_IMPORTS = """import importlib, json, pkgutil, sys
+import triton
+try:
+    import vllm.third_party.triton_kernels as kernels
+except ModuleNotFoundError as err:
+    if err.name != "vllm.third_party.triton_kernels":
+        raise
+    print(json.dumps({"triton": triton.__version__, "absent": True}))
+    sys.exit(0)
+sys.modules["triton_kernels"] = kernels
+names, failed = [], []
+for info in pkgutil.walk_packages(kernels.__path__, "triton_kernels."):
+    names.append(info.name)
+    try:
+        importlib.import_module(info.name)
+    except Exception as err:
+        failed.append(f"{info.name}: {type(err).__name__}: {err}")
+print(json.dumps({"triton": triton.__version__, "modules": names, "failed": failed}))
+"""
+
+
+def check_triton_kernels(layout: Layout) -> CheckResult:
+    """vLLM's triton_kernels and the bundle's Triton are one pair: every module of it imports (a bundle whose
+    vLLM was built Python-only, on request, has none)."""
+    env = {"LD_LIBRARY_PATH": ":".join(str(layout.site / d) for d in library_dirs(layout)), "PYTHONNOUSERSITE": "1"}
+    command = [str(layout.python), "-P", "-c", TRITON_KERNELS_IMPORTS]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+    try:
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return CheckResult("triton-kernels", False, "triton and vLLM's triton_kernels", [_last_line(result)])
+    if found.get("absent"):
+        full = detect_vllm_build(layout.root) == "rocm"
+        problems = ["vllm.third_party.triton_kernels is missing from a vLLM built for ROCm"] if full else []
+        return CheckResult("triton-kernels", not problems, "no triton_kernels (a Python-only vLLM)", problems)
+    problems = [f"{line} (with Triton {found['triton']})" for line in found["failed"]]
+    summary = f"vLLM's triton_kernels ({len(found['modules'])} modules) imports with Triton {found['triton']}"
+    return CheckResult("triton-kernels", not problems, summary, problems)
+
+
 def check_relocated_smoke(layout: Layout, rules: QualifyRules) -> CheckResult:
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-smoke-") as tmp:
         moved = Path(tmp) / "moved bundle"
@@ -434,6 +479,7 @@ def qualify_tree(
         lambda: check_toolchain(layout),
         lambda: check_build_paths(layout, build_dir),
         lambda: check_size(layout, target),
+        lambda: check_triton_kernels(layout),
         lambda: check_relocated_smoke(layout, rules),
     ]
     results = []
@@ -459,7 +505,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 9
+STAGE_VERSION = 10
 REPORT = "qualification.json"
 
 
