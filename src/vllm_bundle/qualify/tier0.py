@@ -423,7 +423,8 @@ def check_triton_kernels(layout: Layout) -> CheckResult:
     """vLLM's triton_kernels and the bundle's Triton are one pair: every module of it imports (a bundle whose
     vLLM was built Python-only, on request, has none)."""
     env = {"LD_LIBRARY_PATH": ":".join(str(layout.site / d) for d in library_dirs(layout)), "PYTHONNOUSERSITE": "1"}
-    command = [str(layout.python), "-P", "-c", TRITON_KERNELS_IMPORTS]
+    # -B: the bundle is a finished stage; importing writes no __pycache__ into it
+    command = [str(layout.python), "-B", "-P", "-c", TRITON_KERNELS_IMPORTS]
     result = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
     try:
         found = json.loads(result.stdout.strip().splitlines()[-1])
