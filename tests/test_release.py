@@ -26,7 +26,7 @@ from tests.conftest import (
     bundle_args,
     run_cli,
 )
-from tests.upstream.fixture import ROCM_VERSION
+from tests.upstream.fixture import ROCM_VERSION, VLLM_BUILT_VERSION
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.qualify.repro import first_difference
@@ -127,7 +127,7 @@ def test_manifests(assets: Path) -> None:
     release = json.loads((assets / "release.json").read_text())
     parts = parts_of(assets)
     assert release["tag"] == TAG and release["target"] == "gfx1151" and release["channel"] == "stable"
-    assert release["versions"]["vllm"] == "0.33.0+rocm714", "vLLM's local version part is kept here"
+    assert release["versions"]["vllm"] == VLLM_BUILT_VERSION, "vLLM's local version part is kept here"
     assert release["versions"]["rocm"] == ROCM_VERSION
     assert set(release["versions"]) == {"python", "rocm", "torch", "torchvision", "triton", "vllm"}
     assert len(release["lock_sha256"]) == 64
@@ -171,7 +171,7 @@ def test_sbom(assets: Path) -> None:
     assert {"ROCm SDK (TheRock)", "PyTorch (TheRock)", "vLLM"} <= set(titles)
     assert {"torch", "fastapi", "rocm-sdk-core", "vllm"} <= set(by_name)
     assert by_name["torch"]["hashes"][0]["alg"] == "SHA-256"
-    assert titles["vLLM"] is by_name["vllm"] and by_name["vllm"]["version"] == "0.33.0+rocm714"
+    assert titles["vLLM"] is by_name["vllm"] and by_name["vllm"]["version"] == VLLM_BUILT_VERSION
     assert titles["ROCm SDK (TheRock)"]["name"] == "rocm" and "pedigree" in titles["ROCm SDK (TheRock)"]
     graph = {d["ref"]: set(d.get("dependsOn", [])) for d in sbom["dependencies"]}
     ref = {name: c["bom-ref"] for name, c in by_name.items()}

@@ -30,7 +30,7 @@ from tests.conftest import (
     run_cli,
     tree_digest,
 )
-from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, Fixture
+from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, VLLM_BUILT_VERSION, Fixture
 from tests.upstream.server import UpstreamServer
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.recipes import load_recipes
@@ -71,7 +71,7 @@ def test_every_hip_extension_carries_code_objects_for_the_target(built: Path) ->
     header = (root / "bin" / "vllm-server").read_text().splitlines()[3]
     assert header == "# vLLM build: rocm"
     release = json.loads((built.parent / "bundles" / TAG / "release.json").read_text())
-    assert release["versions"]["vllm"] == "0.33.0+rocm714", "vLLM's own local version of a ROCm 7.14 build"
+    assert release["versions"]["vllm"] == VLLM_BUILT_VERSION, "vLLM's own local version of its ROCm build"
     assert release["vllm_build"] == {
         "device": "rocm",
         "isas": ["gfx1151"],
@@ -216,8 +216,9 @@ PATCHED_BUILD = textwrap.dedent("""
         env = original(target, devel, core, rocm, kernels, root)
         if change == "no-triton-kernels":
             del env["TRITON_KERNELS_SRC_DIR"]
-        elif change == "core-compiler":
+        elif change == "core-compiler":  # CMake takes HIPCXX; torch 2.13's LoadHIP.cmake takes HIP_CLANG_PATH
             env["HIPCXX"] = env["CXX"] = str(core / "lib" / "llvm" / "bin" / "clang++")
+            env["HIP_CLANG_PATH"] = str(core / "lib" / "llvm" / "bin")
         elif change == "no-prefix-maps":
             env["CFLAGS"] = env["CXXFLAGS"] = env["HIPFLAGS"] = ""
         return env

@@ -37,6 +37,7 @@ from tests.upstream.fixture import (
     CP,
     PYTHON_MINOR,
     TORCH_VERSION,
+    VLLM_BUILT_VERSION,
     Fixture,
 )
 from tests.upstream.real_wheels import build_tools, cmake_binary
@@ -152,7 +153,14 @@ def test_vllms_own_configure_finds_torch_and_every_rocm_library(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert f"-- Found Torch: {site.site}/torch/lib/libtorch.so" in result.stdout
-    assert f"-- Found HIP: {env['ROCM_PATH']} (found suitable version" in result.stdout, "LoadHIP's find_package(HIP)"
+    load_hip = (site.site / "torch" / "share" / "cmake" / "Caffe2" / "public" / "LoadHIP.cmake").read_text()
+    if "find_package_and_print_version(hip REQUIRED CONFIG)" in load_hip:  # torch 2.13: hip's CONFIG package
+        assert "hip VERSION: " in result.stderr, "LoadHIP's find_package(hip CONFIG)"
+        assert f"-- HIP language enabled with compiler: {env['ROCM_PATH']}/lib/llvm/bin/clang++" in result.stdout
+    else:  # torch 2.12: FindHIP.cmake
+        assert f"-- Found HIP: {env['ROCM_PATH']} (found suitable version" in result.stdout, (
+            "LoadHIP's find_package(HIP)"
+        )
     assert "-- The HIP compiler identification is Clang 19" in result.stdout, "CMake's own HIP detection"
     assert f"-- vllm-bundle test: Torch {TORCH_VERSION.split('+')[0]}, HIP found: TRUE" in result.stdout
     for package in ("amd_comgr", "rocrand", "hiprand", "rocblas", "hipblas", "miopen", "hipsolver", "hsa-runtime64"):
@@ -278,10 +286,10 @@ def test_the_real_wheel_carries_every_extension_with_the_targets_code(real_build
     assert real_build.details["device"] == "rocm"
     assert real_build.details["extensions"] == {name: ["gfx1151"] for name in RULE.device_code}
     name = real_build.wheel.name
-    assert name == f"vllm-0.33.0+rocm714-{CP}-{CP}-linux_x86_64.whl", "setup.py's own version and tag"
+    assert name == f"vllm-{VLLM_BUILT_VERSION}-{CP}-{CP}-linux_x86_64.whl", "setup.py's own version and tag"
     with zipfile.ZipFile(real_build.wheel) as wheel:
         names = set(wheel.namelist())
-        metadata = wheel.read("vllm-0.33.0+rocm714.dist-info/METADATA").decode()
+        metadata = wheel.read(f"vllm-{VLLM_BUILT_VERSION}.dist-info/METADATA").decode()
         for extension in RULE.names:
             assert f"vllm/{extension}.abi3.so" in names, extension
         wheel.extract("vllm/_C.abi3.so", tmp_path)

@@ -67,6 +67,9 @@ TORCH_VERSION = NEXT.versions["torch"]
 TRITON_VERSION = NEXT.versions["triton"]
 TORCHVISION_VERSION = NEXT.versions["torchvision"]
 VLLM_VERSION = VERSION
+#: What vLLM 0.33.0's setup.py makes of a ROCm build's version (setup.py:651: "rocm" and the SDK's major and
+#: minor): 0.33.0+rocm100 for ROCm 10.0.
+VLLM_BUILT_VERSION = f"{VERSION}+rocm" + "".join(ROCM_VERSION.split(".")[:2])
 CP = "cp{}{}".format(*sys.version_info[:2])
 THEROCK_MULTI_ARCH = f"therock/{MULTI_ARCH.name}"
 THEROCK_NEXT = f"therock/{NEXT.name}"

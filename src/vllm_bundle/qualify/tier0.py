@@ -403,7 +403,7 @@ import triton
 try:
     import vllm.third_party.triton_kernels as kernels
 except ModuleNotFoundError as err:
-    if err.name != "vllm.third_party.triton_kernels":
+    if err.name not in ("vllm.third_party", "vllm.third_party.triton_kernels"):
         raise
     print(json.dumps({"triton": triton.__version__, "absent": True}))
     sys.exit(0)
