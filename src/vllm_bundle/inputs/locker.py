@@ -233,7 +233,7 @@ def run_uv_compile(
         ":all:",
         "--generate-hashes",
         # A pre-release only where a requirement names one (TheRock's nightly SDK, pinned ==) or where a
-        # package has nothing else; check_sources then refuses any from PyPI.
+        # package has nothing else; check_origins then refuses any from PyPI.
         "--prerelease",
         "if-necessary-or-explicit",
         "--cache-dir",

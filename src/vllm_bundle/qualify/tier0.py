@@ -433,7 +433,8 @@ def check_triton_kernels(layout: Layout) -> CheckResult:
     if found.get("absent"):
         full = detect_vllm_build(layout.root) == "rocm"
         problems = ["vllm.third_party.triton_kernels is missing from a vLLM built for ROCm"] if full else []
-        return CheckResult("triton-kernels", not problems, "no triton_kernels (a Python-only vLLM)", problems)
+        summary = f"no vllm.third_party.triton_kernels (vLLM build: {detect_vllm_build(layout.root)})"
+        return CheckResult("triton-kernels", not problems, summary, problems)
     problems = [f"{line} (with Triton {found['triton']})" for line in found["failed"]]
     summary = f"vLLM's triton_kernels ({len(found['modules'])} modules) imports with Triton {found['triton']}"
     return CheckResult("triton-kernels", not problems, summary, problems)
