@@ -380,6 +380,7 @@ def write_index(fx: Fixture) -> None:
         for path in sorted(set(artifacts)):
             projects.setdefault(_project(path.name), []).append(path)
         depth = "../" * (len(Path(index).parts) + 1)
+        facts = _index_facts(index)  # None: PyPI
         for project, paths in sorted(projects.items()):
             page = base / project
             page.mkdir(parents=True)
@@ -387,7 +388,6 @@ def write_index(fx: Fixture) -> None:
             for path in paths:
                 sha = hashlib.sha256(path.read_bytes()).hexdigest()
                 href = f"{depth}files/{path.name}"
-                facts = _index_facts(index)
                 if facts is None or not therock.hashless(path.name, facts):
                     href += f"#sha256={sha}"
                 anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
