@@ -161,6 +161,95 @@ def test_a_malformed_login_file_is_one_error_naming_the_file(env: dict[str, str]
     assert SECRET not in message and b64(SECRET) not in message, "no secret and no file content in the message"
 
 
+#: find_credentials in a child process, its address space capped (1 GiB) so that reading /dev/zero ends in
+#: MemoryError rather than eating the machine's memory; the caller's timeout bounds a read that hangs.
+LOOKUP = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+from vllm_bundle.errors import BundleError
+from vllm_bundle.oci.auth import find_credentials
+try:
+    found = find_credentials(sys.argv[1], json.loads(sys.argv[2]))
+except BundleError as err:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
+print(found)
+"""
+
+
+def lookup_in_child(env: dict[str, str], timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", LOOKUP, HOST, json.dumps(env)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("where", ["REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "directory"])
+def test_a_login_file_that_is_a_fifo_a_device_or_huge_is_one_line_not_a_hang(
+    env: dict[str, str], tmp_path: Path, where: str, kind: str
+) -> None:
+    """Before the fix: a FIFO blocked the open forever (``lock --image``, ``image`` and ``--push`` hung),
+    /dev/zero was read until MemoryError. Now: read non-blocking and bounded, one line naming the file."""
+    path = (
+        tmp_path / "named.json"
+        if where == "REGISTRY_AUTH_FILE"
+        else Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "huge":  # a sparse 64 MiB file: read whole before, far above what a login file holds
+        with path.open("wb") as handle:
+            handle.truncate(64 << 20)
+    else:
+        path.mkdir()
+    if where == "REGISTRY_AUTH_FILE":
+        env = {**env, "REGISTRY_AUTH_FILE": str(path)}
+    try:
+        result = lookup_in_child(env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading a {kind} at {path} as a login file hung")
+    assert result.returncode == CredentialsError.exit_code, result
+    assert "Traceback" not in result.stderr and "MemoryError" not in result.stderr, result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and line.startswith("error: "), line
+    what = "is larger than 1048576 bytes" if kind == "huge" else "is not a regular file"
+    assert f"the registry credentials file {path} {what}" in line, line
+    assert f"fix or remove it, or set ${USER_ENV} and ${PASSWORD_ENV}" in line, line
+
+
+def test_a_login_file_at_the_size_limit_is_still_read(env: dict[str, str], tmp_path: Path) -> None:
+    document = json.dumps(login(USER, SECRET))
+    path = tmp_path / "auth.json"
+    path.write_text(document + " " * ((1 << 20) - len(document)))  # exactly 1 MiB, padded with JSON whitespace
+    assert who(HOST, {**env, "REGISTRY_AUTH_FILE": str(path)}) == USER
+
+
+@pytest.mark.parametrize("value", ["~vllm-bundle-no-such-user/auth.json", "~vllm-bundle-no-such-user"])
+def test_an_auth_file_under_an_unknown_users_home_is_one_line(env: dict[str, str], value: str) -> None:
+    """Before the fix: ``RuntimeError: Could not determine home directory`` (Path.expanduser)."""
+    with pytest.raises(CredentialsError) as caught:
+        find_credentials(HOST, {**env, "REGISTRY_AUTH_FILE": value})
+    assert str(caught.value) == (
+        f"$REGISTRY_AUTH_FILE is {value!r}: there is no user vllm-bundle-no-such-user whose home "
+        "~vllm-bundle-no-such-user could stand for (set $REGISTRY_AUTH_FILE to the file's full path)"
+    )
+
+
+def test_an_auth_file_under_the_users_own_home_is_still_expanded(env: dict[str, str]) -> None:
+    home = Path(os.path.expanduser("~"))
+    assert home.is_absolute()
+    named = Path("~") / "vllm-bundle-test-absent-auth.json"
+    assert not (home / named.name).exists()
+    assert find_credentials(HOST, {**env, "REGISTRY_AUTH_FILE": str(named)}) is None
+
+
 # -- credential helpers ---------------------------------------------------------------------------------
 
 HELPER = """#!{python}

@@ -33,7 +33,10 @@ Docker token spec's OAuth flow). An empty entry ``{}`` (docker's marker beside a
 credentials. Registry keys with a repository path (``quay.io/ns``, a containers/image extension) are not
 matched.
 
-No message names a password, a token or a file's content: only hosts, file paths and helper names.
+A login file is read only when it is a regular file of at most :data:`MAX_AUTH_FILE` bytes, opened
+without blocking (a FIFO or a device is refused in one line naming it, not waited on or read forever),
+and decoded as strict UTF-8. No message names a password, a token or a file's content: only hosts, file
+paths and helper names.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_bundle.errors import CredentialsError
+from vllm_bundle.runtime.smallfile import NotSmallFile, read_small_bytes
 
 USER_ENV = "VLLM_BUNDLE_REGISTRY_USERNAME"
 PASSWORD_ENV = "VLLM_BUNDLE_REGISTRY_PASSWORD"  # noqa: S105 - the variable's name, not a secret
@@ -68,6 +72,10 @@ TOKEN_USER = "<token>"  # noqa: S105 - the helpers' marker for an identity token
 HELPER_TIMEOUT = 60.0
 HELPER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIX = f"fix or remove it, or set ${USER_ENV} and ${PASSWORD_ENV}"
+#: The most a login file may hold. docker and podman write a few KiB (one entry per registry); more is not
+#: a login file, and a FIFO or a device is not read at all (``lock --image`` hung on a FIFO, read
+#: ``/dev/zero`` until MemoryError).
+MAX_AUTH_FILE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,15 @@ def auth_files(environ: Mapping[str, str], home: Path) -> list[Path]:
     """The files to look in, in order (see the module's docstring)."""
     named = environ.get(AUTH_FILE_ENV)
     if named:
-        return [Path(named).expanduser()]
+        try:
+            return [Path(named).expanduser()]
+        except RuntimeError:  # "~user" of no user (or "~" without $HOME nor a passwd entry)
+            user = named[1:].split("/", 1)[0]
+            whose = f"no user {user} whose home ~{user}" if user else "no home directory that ~"
+            raise CredentialsError(
+                f"${AUTH_FILE_ENV} is {named!r}: there is {whose} could stand for",
+                f"set ${AUTH_FILE_ENV} to the file's full path",
+            ) from None
     runtime = environ.get("XDG_RUNTIME_DIR")
     files = [
         Path(runtime) / "containers" / "auth.json" if runtime else Path(f"/run/containers/{os.getuid()}/auth.json")
@@ -153,9 +169,11 @@ def _keys(registry: str) -> Iterator[str]:
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_bytes(path, MAX_AUTH_FILE).decode("utf-8")
     except FileNotFoundError:
         return None
+    except NotSmallFile as err:  # a FIFO, a device, a directory, or more than a login file holds
+        raise CredentialsError(f"the registry credentials file {err}", FIX) from None
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else "not UTF-8 text"
         raise CredentialsError(f"cannot read the registry credentials file {path}: {reason}", FIX) from None
