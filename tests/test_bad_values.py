@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import json
 import shutil
 import subprocess
+import tarfile
 import tomllib
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import tomli_w
@@ -21,12 +25,14 @@ from packaging.specifiers import SpecifierSet
 
 from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli, small_disk
 from tests.test_image import check_against_model
-from vllm_bundle.errors import ArchiveError, BundleError
-from vllm_bundle.inputs.lockfile import content_digest
+from vllm_bundle.errors import ArchiveError, BundleError, InvalidValueError
+from vllm_bundle.inputs.lockfile import Lock, content_digest
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.oci.kserve import render_kserve
+from vllm_bundle.oci.layout import iso_time
 from vllm_bundle.recipes import AttentionRule
 from vllm_bundle.release.archive import write_archive
+from vllm_bundle.release.assets import source_date
 
 DIGEST = "sha256:" + "1" * 64
 RULE = AttentionRule(SpecifierSet(">=0.13"), "TRITON_ATTN", "--attention-backend", None)
@@ -432,3 +438,53 @@ def test_a_resigned_pylock_with_a_bad_wheel_field_is_one_line(
 def test_a_lock_with_good_values_still_fetches_offline_to_the_missing_list(locked_copy: Path) -> None:
     _resign(locked_copy, edit_lock=lambda doc: None)
     assert_one_line_error(_fetch_offline(locked_copy), "--offline", "missing from the cache")
+
+
+# -- #32 E8: $SOURCE_DATE_EPOCH --------------------------------------------------------------------------
+
+#: 9999-12-31T23:59:59Z: the latest second a datetime (the SBOM's timestamp, the image's "created") holds.
+LATEST_DATE = 253402300799
+#: Stands for a lock: source_date reads only its date.
+LOCK = cast(Lock, SimpleNamespace(source_date_epoch=1763596800))
+
+
+@pytest.mark.parametrize(
+    "value", ["99999999999999999999", str(LATEST_DATE + 1), "-1", "1e9", "12.5", " 5", "0x10", "\u00b2", "\u0661\u0662"]
+)
+def test_a_source_date_epoch_no_output_can_carry_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """Before the fix: 99999999999999999999 passed until the SBOM (OverflowError after the whole build);
+    "²" passed str.isdigit and failed int() with a ValueError."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    with pytest.raises(InvalidValueError) as caught:
+        source_date(LOCK, None)
+    assert str(caught.value).startswith(f"SOURCE_DATE_EPOCH={value!r} is not a whole number of seconds from 0 to ")
+    assert f"{LATEST_DATE} (9999-12-31 23:59:59 UTC)" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["0", "1763596800", str(LATEST_DATE)])
+def test_a_source_date_epoch_in_range_is_taken_and_every_output_can_carry_it(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    date = source_date(LOCK, None)
+    assert date == int(value)
+    assert datetime.fromtimestamp(date, tz=UTC).year <= 9999  # the SBOM's timestamp
+    assert iso_time(date).endswith("Z")  # the image config's "created"
+    info = tarfile.TarInfo("x")
+    info.mtime = date
+    with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info)  # the archive's mtimes
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "")
+    assert source_date(LOCK, None) == LOCK.source_date_epoch, "empty: unset, the lock's date"
+
+
+def test_bundle_with_a_source_date_epoch_out_of_range_is_refused_before_any_stage(locked: Path, tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    args: list[str | Path] = ["bundle", "gfx1151", "--recipes", locked, "--cache-dir", tmp_path / "cache", "--offline"]
+    args += ["--plain", "--build-dir", build, "--bundles-dir", tmp_path / "bundles", "--repo", TEST_REPO]
+    result = run_cli(*args, env={"SOURCE_DATE_EPOCH": "99999999999999999999"})
+    assert_one_line_error(result, "SOURCE_DATE_EPOCH='99999999999999999999' is not a whole number of seconds")
+    assert result.returncode == InvalidValueError.exit_code
+    assert "stage" not in result.stdout and not build.exists(), "refused before any stage ran"

@@ -45,7 +45,7 @@ from vllm_bundle.qualify.commands import print_report
 from vllm_bundle.qualify.repro import build_twice, compare_asset_dirs, compare_layouts
 from vllm_bundle.qualify.tier0 import read_report
 from vllm_bundle.recipes import Recipes, Target
-from vllm_bundle.release.assets import ReleaseOptions, default_repo
+from vllm_bundle.release.assets import ReleaseOptions, default_repo, source_date_from_env
 from vllm_bundle.tree.stage import StageResult, check_stage_names, exclusive
 from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
@@ -284,7 +284,12 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     image_recipe = _image_recipe_locked(args) if wants_image else None
     release = None
     if not args.no_archive:  # checked before anything is written, not after an hour of building
-        release = ReleaseOptions(repo=default_repo(args.repo), part_size=args.part_size, level=args.level)
+        release = ReleaseOptions(
+            repo=default_repo(args.repo),
+            part_size=args.part_size,
+            level=args.level,
+            source_date=source_date_from_env(),  # $SOURCE_DATE_EPOCH out of range: refused now, not at the SBOM
+        )
         check_repo(release.repo)
     with exclusive(args.build_dir / args.target, say):
         image = _image_options(args, image_recipe) if image_recipe is not None else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import BundleError
+from vllm_bundle.errors import InvalidValueError
 from vllm_bundle.inputs.lockfile import Lock, lock_paths
 from vllm_bundle.manifests import (
     BACKEND_VERSIONS,
@@ -39,6 +39,11 @@ from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
 STAGE_VERSION = 5  # 5: the SBOM is CycloneDX 1.6, written with cyclonedx-python-lib
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
+SOURCE_DATE_ENV = "SOURCE_DATE_EPOCH"
+#: 9999-12-31T23:59:59Z: the latest second the outputs carry (the SBOM's and the image's timestamps are
+#: datetimes, which end with year 9999; the archive's PAX headers hold any whole number).
+LATEST_SOURCE_DATE = 253402300799
+ASCII_DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -49,15 +54,28 @@ class ReleaseOptions:
     source_date: int | None = None  # else $SOURCE_DATE_EPOCH, else the lock's
 
 
+def source_date_from_env() -> int | None:
+    """``$SOURCE_DATE_EPOCH`` (None when unset or empty), checked where it is read: a whole number of
+    seconds (ASCII digits only) that every output can carry, from 0 to :data:`LATEST_SOURCE_DATE`. Larger
+    passed until the SBOM's timestamp, after the whole build, as an OverflowError."""
+    env = os.environ.get(SOURCE_DATE_ENV)
+    if not env:
+        return None
+    if not ASCII_DIGITS.fullmatch(env) or int(env) > LATEST_SOURCE_DATE:
+        shown = env if len(env) <= 40 else env[:40] + "..."
+        raise InvalidValueError(
+            f"{SOURCE_DATE_ENV}={shown!r} is not a whole number of seconds from 0 to {LATEST_SOURCE_DATE} "
+            "(9999-12-31 23:59:59 UTC)",
+            f"unset it (the lock's date is used), or set it to one, e.g. {SOURCE_DATE_ENV}=$(git log -1 --format=%ct)",
+        )
+    return int(env)
+
+
 def source_date(lock: Lock, override: int | None) -> int:
     if override is not None:
         return override
-    env = os.environ.get("SOURCE_DATE_EPOCH")
-    if env:
-        if not env.isdigit():
-            raise BundleError(f"SOURCE_DATE_EPOCH={env!r} is not a number of seconds", "unset it or fix it")
-        return int(env)
-    return lock.source_date_epoch
+    env = source_date_from_env()
+    return env if env is not None else lock.source_date_epoch
 
 
 def default_repo(configured: str | None) -> str:
