@@ -11,7 +11,9 @@ import pytest
 
 from tests.conftest import REPO
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.launcher import render_launcher
+from vllm_bundle.runtime import PACKAGE as RUNTIME_PACKAGE
+from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE
+from vllm_bundle.tree.launcher import render_launcher, runtime_files
 from vllm_bundle.tree.toolchain import WRAPPER
 
 RECIPES = load_recipes(REPO / "recipes")
@@ -178,3 +180,65 @@ def test_unsafe_library_dir_is_refused() -> None:
             target="gfx1151",
             server=RECIPES.vllm.server_rule(),
         )
+
+
+# -- a caller's `--` (issue #32) -------------------------------------------------------------------------
+
+# Stands in for the bundled interpreter, but runs the bundle's real GPU-memory chooser (the runtime
+# package, as the bundle ships it, on the fixture host's sysfs) and reports the server's arguments.
+CHOOSING_STAND_IN = """#!/bin/sh
+if [ "$2" = -m ] && [ "$3" = {runtime}.gpu_memory ]; then
+    PYTHONPATH="{site}" exec "{python}" "$@"
+fi
+exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
+"""
+HOSTS = Path(__file__).parent / "data" / "hosts"
+SERVE = ["-P", "-m", "vllm.entrypoints.cli.main", "serve"]
+OURS = ["--attention-backend", "TRITON_ATTN", "--gpu-memory-utilization", "0.74"]
+
+
+def choosing_root(root: Path) -> Path:
+    launcher = make_root(root, "0.33.0")
+    site = root / "lib" / "python3.12" / "site-packages"
+    for name, text in runtime_files().items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    python = root / "bin" / "python3.12"
+    python.write_text(CHOOSING_STAND_IN.format(runtime=RUNTIME_PACKAGE, site=site, python=sys.executable))
+    return launcher
+
+
+def served(launcher: Path, *args: str) -> list[str]:
+    """The arguments the server command gets, on a Strix Halo whose GPU takes 0.74."""
+    env = {"PATH": "/usr/bin:/bin", HOST_ROOT_VARIABLE: str(HOSTS / "strix-halo"), "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run([str(launcher), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    argv: list[str] = json.loads(result.stdout)
+    return argv
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (["model"], ["--foo"]),
+        (["model", "--port", "8001"], ["--foo", "--", "bar"]),  # only the first -- ends the options
+        (["model", "", "a b"], ["", "*", "$HOME", "--attention-backend=X"]),  # words kept as given
+        ([], ["model"]),
+    ],
+)
+def test_the_launchers_options_go_before_a_callers_double_dash(root: Path, before: list[str], after: list[str]) -> None:
+    """After `--` vLLM's parser takes every word as a positional argument: the options the launcher adds
+    must come before the caller's `--`, and what follows it reach vLLM unchanged."""
+    launcher = choosing_root(root)
+    assert served(launcher, *before, "--", *after) == [*SERVE, *before, *OURS, "--", *after]
+    assert served(launcher, *before) == [*SERVE, *before, *OURS], "without --, still added at the end"
+
+
+def test_words_after_a_callers_double_dash_choose_nothing(root: Path) -> None:
+    """The launcher's scans of the caller's options (a backend or a memory budget chosen) stop at `--`:
+    what follows is a positional argument to vLLM, not a choice."""
+    launcher = choosing_root(root)
+    after = ["--attention-backend", "ROCM_ATTN", "-ac", "{}", "--gpu-memory-utilization", "0.5", "--config", "c"]
+    assert served(launcher, "model", "--", *after) == [*SERVE, "model", *OURS, "--", *after]
+    chosen = ["--attention-backend", "ROCM_ATTN", "--gpu-memory-utilization", "0.5"]
+    assert served(launcher, "model", *chosen, "--", "x") == [*SERVE, "model", *chosen, "--", "x"]

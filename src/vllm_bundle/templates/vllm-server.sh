@@ -29,17 +29,17 @@ export CC
 @ENV_DEFAULTS@
 
 # Triton attention unless the caller chose a backend (--attention-backend, or --attention-config / -ac).
+# Only the caller's options count: after a `--` every word is a positional argument to vLLM.
 attention_mode=@ATTENTION_MODE@
+attention=keep
 if [ "$attention_mode" = flag ]; then
-    chosen=no
+    attention=add
     for arg in "$@"; do
         case $arg in
-            @ATTENTION_FLAG@|@ATTENTION_FLAG@=*|@CALLER_CHOICE@) chosen=yes ;;
+            --) break ;;
+            @ATTENTION_FLAG@|@ATTENTION_FLAG@=*|@CALLER_CHOICE@) attention=keep ;;
         esac
     done
-    if [ "$chosen" = no ]; then
-        set -- "$@" @ATTENTION_FLAG@ @ATTENTION_BACKEND@
-    fi
 else
     @ATTENTION_ENV@="${@ATTENTION_ENV@:-@ATTENTION_BACKEND@}"
     export @ATTENTION_ENV@
@@ -49,11 +49,33 @@ python="$root/bin/python@PYTHON_MINOR@"
 
 # A GPU-memory budget vLLM can start with, unless the caller chose one: vLLM refuses to start when less
 # than --gpu-memory-utilization (0.92) of the GPU is free, as on a desktop APU. The chooser reads sysfs,
-# says what it chose on stderr, and never stops the server from starting.
+# says what it chose on stderr (its scan, too, stops at a `--`), and never stops the server from starting.
 utilization=$("$python" -P -m @RUNTIME@.gpu_memory "$@" || true)
 case $utilization in
-    0.[0-9][0-9]) set -- "$@" --gpu-memory-utilization "$utilization" ;;
+    0.[0-9][0-9]) ;;
+    *) utilization= ;;
 esac
+
+# The options the launcher adds go before a caller's `--` (after it, vLLM would take them as positional
+# arguments), or at the end when there is none; never first, where vLLM expects the model. Each argument
+# is taken from the front and put back at the end, in order, ours put in where the first `--` is.
+left=$#
+placed=no
+while :; do
+    if [ "$placed" = no ] && { [ "$left" -eq 0 ] || [ "$1" = -- ]; }; then
+        placed=yes
+        if [ "$attention" = add ]; then
+            set -- "$@" @ATTENTION_FLAG@ @ATTENTION_BACKEND@
+        fi
+        if [ -n "$utilization" ]; then
+            set -- "$@" --gpu-memory-utilization "$utilization"
+        fi
+    fi
+    [ "$left" -gt 0 ] || break
+    set -- "$@" "$1"
+    shift
+    left=$((left - 1))
+done
 
 # Every process vLLM starts (its EngineCore, workers) dies with this one, even on SIGKILL: the bundle's
 # @RUNTIME@.orphans, run at each start-up of the bundled python, ties a child to this pid.
