@@ -8,6 +8,8 @@ import copy
 import hashlib
 import io
 import json
+import random
+import re
 import shutil
 import subprocess
 import tarfile
@@ -27,11 +29,11 @@ from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_c
 from tests.test_image import check_against_model
 from vllm_bundle.errors import ArchiveError, BundleError, InvalidValueError
 from vllm_bundle.inputs.lockfile import Lock, content_digest
-from vllm_bundle.manifests import pinned_tag
+from vllm_bundle.manifests import DEFAULT_PART_SIZE, pinned_tag
 from vllm_bundle.oci.kserve import render_kserve
 from vllm_bundle.oci.layout import iso_time
 from vllm_bundle.recipes import AttentionRule
-from vllm_bundle.release.archive import write_archive
+from vllm_bundle.release.archive import PartWriter, write_archive
 from vllm_bundle.release.assets import source_date
 
 DIGEST = "sha256:" + "1" * 64
@@ -64,6 +66,81 @@ def test_the_archive_writer_refuses_a_part_size_below_one(tmp_path: Path, part_s
     with pytest.raises(ArchiveError, match=f"part size {part_size} "):
         write_archive(root, tmp_path / "out", "x-x64", 1, part_size=part_size)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+#: Part names carry two digits (``partNN-of-MM``): 99 parts at most.
+MAX_PARTS = 99
+
+
+def _opened_parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spies on the archive writer: the number of each part file it opens, in order."""
+    opened: list[int] = []
+    original = PartWriter._open_next
+
+    def spy(self: PartWriter) -> None:
+        original(self)
+        opened.append(len(self.parts))
+
+    monkeypatch.setattr(PartWriter, "_open_next", spy)
+    return opened
+
+
+def _random_tree(root: Path, size: int) -> Path:
+    """A tree of ``size`` random (incompressible) bytes: its archive is about as large."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "data").write_bytes(random.Random(5).randbytes(size))
+    return root
+
+
+@pytest.mark.timeout(60)  # before the fix: every part was written, then the count was checked
+def test_the_archive_writer_stops_before_part_100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#32 E5: ``--part-size 1`` wrote 883,688 part files (3.5 GB) before finish() said 99 is the most."""
+    root = _random_tree(tmp_path / "root", 20_000)
+    whole = write_archive(root, tmp_path / "whole", "x-x64", 1)[1]
+    opened = _opened_parts(monkeypatch)
+    at_most = -(-whole // MAX_PARTS)  # the smallest part size that needs no more than 99 parts
+    parts = write_archive(root, tmp_path / "fits", "x-x64", 1, part_size=at_most)[0]
+    assert len(parts) <= MAX_PARTS and parts[-1].path.name.endswith(f"-of-{len(parts):02d}.tar.gz")
+    too_small = (whole - 1) // MAX_PARTS  # 99 parts of it hold less than the archive
+    assert too_small * MAX_PARTS < whole and too_small * MAX_PARTS >= whole // 1032, "not refused up front"
+    opened.clear()
+    with pytest.raises(ArchiveError) as caught:
+        write_archive(root, tmp_path / "out", "x-x64", 1, part_size=too_small)
+    assert max(opened) == MAX_PARTS, f"opened parts up to {max(opened)}, not refused before part 100"
+    assert str(caught.value) == (
+        f"the archive needs more than {MAX_PARTS} parts of {too_small} bytes; part names allow {MAX_PARTS} "
+        f"(raise --part-size: {MAX_PARTS} parts held {MAX_PARTS * too_small} bytes and the archive went on)"
+    )
+    assert list((tmp_path / "out").iterdir()) == [], "the parts written are removed, none left looking complete"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("part_size", [1, 10])
+def test_a_part_size_known_to_be_too_small_is_refused_before_any_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, part_size: int
+) -> None:
+    """At least the tree's bytes divided by deflate's greatest ratio (1032:1) reach the archive: a part
+    size that cannot hold that in 99 parts is refused before a part is written."""
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib" / "zeros").write_bytes(bytes(part_size * 110 * 1032))  # compresses about as well as anything
+    (root / "lib" / "same").hardlink_to(root / "lib" / "zeros")  # a second name: no second copy
+    opened = _opened_parts(monkeypatch)
+    with pytest.raises(ArchiveError) as caught:
+        write_archive(root, tmp_path / "out", "x-x64", 1, part_size=part_size)
+    assert opened == [], "refused before any part was opened"
+    message = str(caught.value)
+    found = re.fullmatch(
+        rf"--part-size {part_size} is too small for {re.escape(str(root))}: its archive is at least (\d+) bytes "
+        rf"\(deflate shrinks at most 1032:1\), more than {MAX_PARTS} parts of {part_size} bytes "
+        rf"\(pass --part-size of at least (\d+); the default is {DEFAULT_PART_SIZE}\)",
+        message,
+    )
+    assert found, message
+    least, hint = int(found[1]), int(found[2])
+    assert part_size * 110 <= least < part_size * 110 + 5, "the data counted once, not once per name"
+    assert hint == -(-least // MAX_PARTS)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
 # -- 14: --bundles-dir inside the tree it archives -------------------------------------------------------

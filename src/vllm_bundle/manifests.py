@@ -65,6 +65,10 @@ def pin_of(tag: str, target: str) -> str:
     return tag.removesuffix(f"-{target}")
 
 
+#: The most parts an archive may have: their names carry the number and the count in two digits.
+MAX_PARTS = 99
+
+
 def part_name(stem: str, number: int, count: int) -> str:
     """``<tag>-x64.partNN-of-MM.tar.gz``: what installers ask for, NN and MM two digits, 01-based."""
     return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"

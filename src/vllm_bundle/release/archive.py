@@ -1,5 +1,7 @@
 """The release archive: one deterministic gzip tarball of the bundle root, written straight into
-parts of at most ``part_size`` bytes.
+parts of at most ``part_size`` bytes, and at most 99 of them (two-digit names): a part size the tree
+alone shows too small is refused before any part is written, any other before part 100 is opened, and
+the parts written so far are removed.
 
 Determinism: entries ``./...`` in sorted order; mtime clamped to the source date; uid/gid 0 with empty
 owner names; modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must
@@ -17,6 +19,7 @@ import importlib.metadata
 import os
 import posixpath
 import signal
+import stat
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -29,12 +32,15 @@ from zlib_ng import gzip_ng_threaded
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import ArchiveError
-from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, part_name
+from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, MAX_PARTS, part_name
 from vllm_bundle.util.tarstream import StreamTar
 
 #: Part of the archive format: changing it changes every archive's bytes. Eight workers saturate
 #: the single-threaded tar writer that feeds them; on fewer cores they cost nothing measurable.
 COMPRESSION_WORKERS = 8
+#: Deflate's greatest compression ratio (zlib's FAQ, "the limit is 1032:1"): an archive is never
+#: smaller than its tar stream divided by it, so a part size too small for 99 parts is known up front.
+DEFLATE_MAX_RATIO = 1032
 
 
 def archiver() -> dict[str, str | int]:
@@ -92,6 +98,12 @@ class PartWriter:
         view = memoryview(data)
         while view:
             if self._handle is None or self._written == self.part_size:
+                if len(self.parts) >= MAX_PARTS:  # checked before part 100 is opened, not after the last
+                    raise ArchiveError(
+                        f"the archive needs more than {MAX_PARTS} parts of {self.part_size} bytes; "
+                        f"part names allow {MAX_PARTS}",
+                        f"raise --part-size: {MAX_PARTS} parts held {self.total} bytes and the archive went on",
+                    )
                 self._open_next()
             assert self._handle is not None and self._hash is not None
             chunk = view[: self.part_size - self._written]
@@ -111,8 +123,6 @@ class PartWriter:
         """Close and give the parts their final names ``<stem>.partNN-of-MM.tar.gz``."""
         self._close_current()
         count = len(self.parts)
-        if count > 99:
-            raise ArchiveError(f"the archive needs {count} parts; names allow 99", "raise the part size")
         for number, part in enumerate(self.parts, start=1):
             final = self.directory / part_name(self.stem, number, count)
             part.path.replace(final)
@@ -134,6 +144,20 @@ def tree_entries(root: Path) -> Iterator[tuple[str, Path]]:
             path = Path(dirpath, name)
             names.append(("./" + path.relative_to(root).as_posix(), path))
     yield from sorted(names, key=lambda item: item[0])
+
+
+def least_archive_size(root: Path) -> int:
+    """No more bytes than the archive of ``root`` has: its tar stream holds a 512-byte header per
+    entry, each inode's data once (a second name is a hard link) and 1024 bytes of end, and deflate
+    shrinks that at most :data:`DEFLATE_MAX_RATIO` times."""
+    stream, seen = 1024, set()
+    for _, path in tree_entries(root):
+        info = path.lstat()
+        stream += 512
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            stream += info.st_size
+    return stream // DEFLATE_MAX_RATIO
 
 
 def tar_entry(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
@@ -220,6 +244,13 @@ def write_archive(
             "pass a --bundles-dir outside the build directory's target folders",
         )
     writer = PartWriter(out_dir, stem, part_size)
+    least = least_archive_size(root)
+    if least > MAX_PARTS * part_size:  # known before a part is written (--part-size 1 wrote 883,688 of them)
+        raise ArchiveError(
+            f"--part-size {part_size} is too small for {root}: its archive is at least {least} bytes (deflate "
+            f"shrinks at most {DEFLATE_MAX_RATIO}:1), more than {MAX_PARTS} parts of {part_size} bytes",
+            f"pass --part-size of at least {-(-least // MAX_PARTS)}; the default is {DEFAULT_PART_SIZE}",
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     seen: dict[tuple[int, int], str] = {}
     try:
