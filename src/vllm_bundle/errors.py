@@ -38,6 +38,17 @@ def redact_urls(text: str) -> str:
     return _USERINFO.sub(r"\g<scheme>***@", text)
 
 
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` as one line a terminal shows as written: every character that is not printable (newline,
+    ESC and the other controls, a line separator) escaped the way Python's ``repr`` writes it, and cut to
+    ``limit`` characters with an ellipsis. Text from outside (a host's files, the environment, a server's
+    reply) goes through here before it is printed, so it can neither forge a line nor drive the terminal."""
+    shown = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    if limit is not None and len(shown) > limit:
+        return shown[: limit - 1] + "\u2026"
+    return shown
+
+
 class BundleError(Exception):
     """Base of every user-facing error. ``str(err)`` is the one line the CLI prints. Raised as such (or as
     one of the checks' classes below), it means a check ran and said no."""
@@ -50,7 +61,7 @@ class BundleError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return redact_urls(f"{self.message} ({self.hint})" if self.hint else self.message)
+        return printable(redact_urls(f"{self.message} ({self.hint})" if self.hint else self.message))
 
 
 # -- 1: a check said no ------------------------------------------------------------------------------

@@ -50,8 +50,10 @@ from typing import Literal
 
 from rocm_bootstrap import parse_gfx_target_version
 
+from vllm_bundle.errors import printable
 from vllm_bundle.recipes import Target
 from vllm_bundle.runtime import amdgpu, gpu_memory
+from vllm_bundle.runtime.smallfile import read_small_text
 
 Status = Literal["ok", "warn", "block"]
 
@@ -72,6 +74,8 @@ OSRELEASE = Path("proc/sys/kernel/osrelease")
 MODULES = Path("sys/module")
 VISIBILITY_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 GIB = float(1 << 30)
+#: The most of a variable's value a finding repeats.
+SHOWN_VALUE = 60
 
 
 @dataclass(frozen=True)
@@ -119,8 +123,11 @@ def blockers(findings: list[Finding]) -> list[Finding]:
 
 
 def render_text(findings: list[Finding]) -> str:
-    """One line per finding (``status check message (fix: ...)``), then a summary line."""
-    lines = [f"{f.status:<5} {f.check:<7} {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in findings]
+    """One line per finding (``status check message (fix: ...)``), then a summary line. A message quotes
+    the host's text (a kernel release, a module version): shown escaped, it cannot forge a row."""
+    lines = [
+        printable(f"{f.status:<5} {f.check:<7} {f.message}" + (f" (fix: {f.fix})" if f.fix else "")) for f in findings
+    ]
     blocking = len(blockers(findings))
     warnings = sum(finding.status == "warn" for finding in findings)
     if blocking:
@@ -155,8 +162,13 @@ def _no_gpu(root: Path, targets: Mapping[str, Target]) -> Finding:
 
 
 def _visibility(environ: Mapping[str, str]) -> str:
-    """The device-selection variables that are set, as ``NAME=value`` (what the user would see)."""
-    return ", ".join(f"{name}={environ[name]}" for name in VISIBILITY_VARIABLES if environ.get(name) is not None)
+    """The device-selection variables that are set, as ``NAME=value`` (what the user would see; a long
+    value cut short)."""
+    return ", ".join(
+        f"{name}={printable(environ[name], SHOWN_VALUE)}"
+        for name in VISIBILITY_VARIABLES
+        if environ.get(name) is not None
+    )
 
 
 def _not_visible(index: int, count: int, environ: Mapping[str, str]) -> Finding:
@@ -245,9 +257,9 @@ def _gpu_fix(
 
 
 def _read(path: Path) -> str | None:
-    """A small text file, stripped; None when it cannot be read."""
+    """A small text file (a page at most, a regular file only), stripped; None when it cannot be read."""
     try:
-        return path.read_text(errors="replace").strip()
+        return read_small_text(path).strip()
     except OSError:
         return None
 

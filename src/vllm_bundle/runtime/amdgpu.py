@@ -22,9 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .smallfile import read_small_text
+
 KFD_NODES = Path("sys/class/kfd/kfd/topology/nodes")
 DRM = Path("sys/class/drm")
 MEMINFO = Path("proc/meminfo")
+#: ``proc/meminfo`` is a few KiB (one line per counter); sysfs attributes are a page at most.
+MEMINFO_LIMIT = 64 << 10
 #: Where the host's ``sys``, ``proc`` and ``dev`` are read: ``/``, unless this names a captured tree
 #: (the tests' fixture hosts; ``vllm-bundle doctor --host-root`` sets it for what it runs).
 HOST_ROOT_VARIABLE = "VLLM_BUNDLE_HOST_ROOT"
@@ -41,7 +45,7 @@ class Unreadable(Exception):
 def read_properties(path: Path) -> dict[str, int]:
     """``name value`` lines; a value that is not an integer is skipped (none is, in the driver's format)."""
     properties: dict[str, int] = {}
-    for line in path.read_text().splitlines():
+    for line in read_small_text(path).splitlines():
         name, _, value = line.strip().partition(" ")
         try:
             properties[name] = int(value)
@@ -79,7 +83,7 @@ def gpu_nodes(root: Path) -> list[GpuNode]:
     """The GPU nodes under ``root``, in node order (empty when there is no KFD topology)."""
     base = root / KFD_NODES
     try:
-        numbers = sorted(int(entry.name) for entry in base.iterdir() if entry.name.isdigit())
+        numbers = sorted(int(entry.name) for entry in base.iterdir() if _is_number(entry.name))
     except OSError:
         return []
     nodes = []
@@ -91,6 +95,12 @@ def gpu_nodes(root: Path) -> list[GpuNode]:
         if properties.get("simd_count", 0) > 0 and properties.get("gfx_target_version", 0) > 0:
             nodes.append(GpuNode(number, properties))
     return nodes
+
+
+def _is_number(text: str, digits: int = 9) -> bool:
+    """``text`` is a decimal number ``int()`` takes: ASCII digits only (``str.isdigit`` also accepts
+    ``²`` and other scripts' digits) and not so long that ``int()`` refuses it."""
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
 
 
 def device_dir(root: Path, gpu: GpuNode) -> Path:
@@ -108,15 +118,18 @@ def is_apu(root: Path, gpu: GpuNode) -> bool:
 
 def _bytes(path: Path) -> int:
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        raise Unreadable(f"cannot read {path}") from None
+        text = read_small_text(path).strip()
+    except OSError as err:
+        raise Unreadable(f"cannot read {path}" + (f": {err.strerror}" if err.strerror else f" ({err})")) from None
+    if not text.isascii() or not text.isdigit():
+        raise Unreadable(f"{path} holds no byte count")
+    return int(text)
 
 
 def mem_available(root: Path) -> int | None:
     """``MemAvailable`` of ``proc/meminfo`` in bytes (``MemAvailable:  123 kB``), None when absent."""
     try:
-        for line in (root / MEMINFO).read_text().splitlines():
+        for line in read_small_text(root / MEMINFO, MEMINFO_LIMIT).splitlines():
             name, _, rest = line.partition(":")
             if name == "MemAvailable":
                 return int(rest.split()[0]) * 1024
@@ -164,7 +177,7 @@ def visible_index(environ: Mapping[str, str]) -> int | None:
         if value is None:
             continue
         items = [item.strip() for item in value.split(",") if item.strip()]
-        if not items or not all(item.isdigit() for item in items):
+        if not items or not all(_is_number(item) for item in items):
             return None
         chosen = [int(item) for item in items]
         order = chosen if order is None else [order[i] for i in chosen if i < len(order)]
