@@ -9,12 +9,13 @@ import fnmatch
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,8 @@ def wrapper_root(where: Path, zig: str = REPORTING_ZIG) -> Path:
     (where / SITE / "ziglang").mkdir(parents=True)
     (where / SITE / ZIG).write_text(zig)
     (where / SITE / ZIG).chmod(0o755)
+    (where / "bin").mkdir()
+    (where / "bin" / f"python{PYTHON_MINOR}").symlink_to(sys.executable)  # the bundle's interpreter
     write_wrapper(where, render_wrapper(PYTHON_MINOR, TARGET))
     return where
 
@@ -138,6 +141,7 @@ def test_the_zig_cache_goes_where_it_can_be_written(
 ) -> None:
     values = {"home": str(tmp_path / "home"), "tmp": str(tmp_path / "tmp"), "uid": str(UID)}
     (tmp_path / "home").mkdir()
+    (tmp_path / "tmp").mkdir()
     given = {"TMPDIR": values["tmp"], **{k: v.format(**values) for k, v in env.items()}}
     result = run_wrapper(root / WRAPPER, given)
     assert result.returncode == 0, result.stderr
@@ -158,6 +162,103 @@ def test_another_users_cache_in_tmp_is_refused(root: Path, tmp_path: Path) -> No
     result = run_wrapper(root / WRAPPER, {"TMPDIR": str(tmp_path)})
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == f"vllm-bundle cc: {planted} belongs to another user; set ZIG_GLOBAL_CACHE_DIR"
+
+
+def _link_to_a_folder_this_user_owns(planted: Path, tmp: Path) -> None:
+    (tmp / "mine").mkdir(mode=0o700)
+    planted.symlink_to(tmp / "mine")
+    os.lchown(planted, UID + 1, -1)  # another user's link: -O on it asks about the folder it points to
+
+
+def _link_to_tmpdir_itself(planted: Path, tmp: Path) -> None:
+    planted.symlink_to(tmp)  # for root, the world-writable TMPDIR passes -O
+    os.lchown(planted, UID + 1, -1)
+
+
+def _dangling_link(planted: Path, tmp: Path) -> None:
+    planted.symlink_to(tmp / "made later")  # zig would make it, inside a folder another user chose
+
+
+def _own_link_to_own_folder(planted: Path, tmp: Path) -> None:
+    (tmp / "mine").mkdir(mode=0o700)
+    planted.symlink_to(tmp / "mine")
+
+
+def _writable_by_everyone(planted: Path, tmp: Path) -> None:
+    planted.mkdir()
+    planted.chmod(0o777)
+
+
+def _writable_by_the_group(planted: Path, tmp: Path) -> None:
+    planted.mkdir()
+    planted.chmod(0o770)
+
+
+def _a_file(planted: Path, tmp: Path) -> None:
+    planted.write_text("")
+
+
+@pytest.mark.parametrize(
+    ("plant", "why"),
+    [
+        (_link_to_a_folder_this_user_owns, "is a symbolic link"),
+        (_link_to_tmpdir_itself, "is a symbolic link"),
+        (_dangling_link, "is a symbolic link"),
+        (_own_link_to_own_folder, "is a symbolic link"),
+        (_writable_by_everyone, "can be written by others (mode 0777)"),
+        (_writable_by_the_group, "can be written by others (mode 0770)"),
+        (_a_file, "is not a directory"),
+    ],
+)
+def test_an_unsafe_cache_in_tmp_is_refused_before_zig_runs(
+    root: Path, tmp_path: Path, plant: Callable[[Path, Path], None], why: str
+) -> None:
+    """zig keeps the objects Triton links into its modules in this cache: in the shared TMPDIR only a real
+    folder of this user's that no one else can write will do (issue #32)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)  # as /tmp
+    planted = tmp / f"vllm-bundle-zig-{UID}"
+    plant(planted, tmp)
+    result = run_wrapper(root / WRAPPER, {"TMPDIR": str(tmp)})
+    assert (result.returncode, result.stdout) == (1, ""), "zig never ran"
+    assert result.stderr.strip() == f"vllm-bundle cc: {planted} {why}; set ZIG_GLOBAL_CACHE_DIR"
+    assert not (tmp / "made later").exists()
+
+
+def test_a_missing_tmpdir_is_one_line(root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "missing" / f"vllm-bundle-zig-{UID}"
+    result = run_wrapper(root / WRAPPER, {"TMPDIR": str(cache.parent)})
+    assert (result.returncode, result.stdout) == (1, ""), "zig never ran"
+    assert result.stderr.strip() == (
+        f"vllm-bundle cc: {cache} cannot be made (No such file or directory); set ZIG_GLOBAL_CACHE_DIR"
+    )
+
+
+def test_the_cache_in_tmp_is_made_private(root: Path, tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    result = run_wrapper(root / WRAPPER, {"TMPDIR": str(tmp)})
+    assert result.returncode == 0, result.stderr
+    made = tmp / f"vllm-bundle-zig-{UID}"
+    assert result.stdout.splitlines()[0] == str(made)
+    info = made.lstat()
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == UID
+    assert stat.S_IMODE(info.st_mode) == 0o700, "made by the wrapper, for this user only, before zig writes"
+
+
+def test_a_private_cache_in_tmp_is_reused(root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / f"vllm-bundle-zig-{UID}"
+    (cache / "o").mkdir(parents=True)
+    (cache / "o" / "libc.so").write_text("kept")
+    cache.chmod(0o755)  # others may read it, not write it
+    for _ in range(2):
+        result = run_wrapper(root / WRAPPER, {"TMPDIR": str(tmp_path)})
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == str(cache)
+    assert (cache / "o" / "libc.so").read_text() == "kept"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o755
 
 
 def test_the_wrapper_finds_its_bundle_through_symlinks(root: Path, tmp_path: Path) -> None:
@@ -389,7 +490,9 @@ def test_the_bundles_cc_works_with_no_home_and_no_cache_variable(rootfs: Path) -
     env = {"PATH": "/usr/bin:/bin", "CC": f"/opt/vllm/{WRAPPER}"}
     report = probe(rootfs, env, "/tmp/no-home")
     assert report["hip_utils"]["signature"] == "010104"
-    assert (rootfs / "tmp" / f"vllm-bundle-zig-{UID}").is_dir(), "zig's cache went to /tmp, per user"
+    cache = (rootfs / "tmp" / f"vllm-bundle-zig-{UID}").lstat()
+    assert stat.S_ISDIR(cache.st_mode), "zig's cache went to /tmp, per user"
+    assert stat.S_IMODE(cache.st_mode) == 0o700, "made private by the bundle's python, in a base without stat"
 
 
 def test_tier0_built_a_c_extension_with_the_real_zig(real_bundle: Path) -> None:

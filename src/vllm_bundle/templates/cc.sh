@@ -13,8 +13,39 @@ zig="$root/lib/python@PYTHON_MINOR@/site-packages/@ZIG@"
 
 # zig keeps its glibc stubs and compiler-rt in a global cache it must be able to write (the bundle may be
 # read-only; OpenShift's HOME is /). A caller's ZIG_GLOBAL_CACHE_DIR wins; then the XDG cache, HOME's
-# when writable, else a per-user directory under TMPDIR that must be this user's own (zig runs what it
-# finds there).
+# when writable, else a per-user directory under TMPDIR that must be this user's own (zig links what it
+# finds there into Triton's modules).
+#
+# Under the shared TMPDIR the directory is made with mode 0700, which fails if anything is there already;
+# what is there is used only when it is a real directory (not a symbolic link, not even to a folder this
+# user owns: test -O follows links, and for root the world-writable TMPDIR passes it) of this user's that
+# neither group nor others can write. sh's test cannot read a mode, and the image's base has no find or
+# stat to rely on: the bundle's own python checks, isolated (-I -S: no site, no .pth, no caller's
+# PYTHON*) and writing no bytecode into the bundle (-B).
+private_cache='
+import os, stat, sys
+path = sys.argv[1]
+def refuse(why):
+    sys.exit("vllm-bundle cc: %s %s; set ZIG_GLOBAL_CACHE_DIR" % (path, why))
+try:
+    os.mkdir(path, 0o700)
+except FileExistsError:
+    pass
+except OSError as err:
+    refuse("cannot be made (%s)" % err.strerror)
+try:
+    found = os.lstat(path)
+except OSError as err:
+    refuse("cannot be read (%s)" % err.strerror)
+if stat.S_ISLNK(found.st_mode):
+    refuse("is a symbolic link")
+if not stat.S_ISDIR(found.st_mode):
+    refuse("is not a directory")
+if found.st_uid != os.geteuid():
+    refuse("belongs to another user")
+if found.st_mode & 0o022:
+    refuse("can be written by others (mode %04o)" % stat.S_IMODE(found.st_mode))
+'
 if [ -z "${ZIG_GLOBAL_CACHE_DIR:-}" ]; then
     case ${XDG_CACHE_HOME:-} in
         /*) ZIG_GLOBAL_CACHE_DIR=$XDG_CACHE_HOME/vllm-bundle/zig ;;
@@ -23,10 +54,7 @@ if [ -z "${ZIG_GLOBAL_CACHE_DIR:-}" ]; then
                 ZIG_GLOBAL_CACHE_DIR=$HOME/.cache/vllm-bundle/zig
             else
                 ZIG_GLOBAL_CACHE_DIR=${TMPDIR:-/tmp}/vllm-bundle-zig-$(id -u)
-                if [ -e "$ZIG_GLOBAL_CACHE_DIR" ] && [ ! -O "$ZIG_GLOBAL_CACHE_DIR" ]; then
-                    echo "vllm-bundle cc: $ZIG_GLOBAL_CACHE_DIR belongs to another user; set ZIG_GLOBAL_CACHE_DIR" >&2
-                    exit 1
-                fi
+                "$root/bin/python@PYTHON_MINOR@" -I -S -B -c "$private_cache" "$ZIG_GLOBAL_CACHE_DIR" || exit 1
             fi
             ;;
     esac
