@@ -414,6 +414,26 @@ def test_install_only_warns_of_short_memory(served_release: tuple[str, list[str]
     assert (tmp_path / "vllm" / "bin" / "vllm-server").is_file()
 
 
+def test_install_target_auto_detects_the_gpu_of_the_host_root(
+    served_release: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    """#32 M8: the GPU is detected under --host-root, where the checks that follow read (this machine
+    has no /sys/class/kfd: detecting from the real /sys found no GPU at all)."""
+    url, _ = served_release
+    result = run_cli(
+        *("install", url, "--target", "auto", "--dest", tmp_path / "vllm", "--cache-dir", tmp_path / "cache"),
+        *("--plain", "--host-root", HOSTS / "strix-halo"),
+        env={"ROCM_BOOTSTRAP_FORCE_GFX_ARCH": "", "ROCM_BOOTSTRAP_DISABLE_DETECTION": ""},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "this machine's GPU: gfx1151 -> target gfx1151" in result.stdout
+    other = run_cli(
+        *("install", url, "--target", "auto", "--dest", tmp_path / "other", "--cache-dir", tmp_path / "cache"),
+        *("--plain", "--host-root", HOSTS / "desktop-dgpu-igpu"),
+    )
+    assert_one_line_error(other, "is the gfx1151 release, not gfx110X")
+
+
 # -- hostile host trees: FIFOs, devices, huge files, odd names and text (issue #32, E2, E6, E11) ----------
 
 #: What a host root may hold where a sysfs/procfs file belongs: each must give findings, at once.

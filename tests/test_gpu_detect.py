@@ -1,5 +1,6 @@
-"""``--target auto``: rocm-bootstrap reads the GPU's ISA (here from captured KFD topology trees); the
-ISA maps to a release target. And recipes/targets.toml agrees with rocm-bootstrap's GFX hierarchy."""
+"""``--target auto``: the GPU's ISA is rocm-bootstrap's reading of the KFD topology under the host root
+(here captured trees); the ISA maps to a release target. And recipes/targets.toml agrees with
+rocm-bootstrap's GFX hierarchy."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from rocm_bootstrap import PackagingLevel, _platform, bundle_for_target, lookup_target
+from rocm_bootstrap import PackagingLevel, bundle_for_target, lookup_target
 
 from tests.conftest import REPO
 from vllm_bundle.errors import BundleError
@@ -15,7 +16,6 @@ from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
 from vllm_bundle.recipes import Target, load_targets
 
 SYSFS = Path(__file__).parent / "data" / "sysfs"
-KFD_NODES = Path("sys/class/kfd/kfd/topology/nodes")
 
 
 @pytest.fixture(scope="module")
@@ -23,37 +23,24 @@ def targets() -> Mapping[str, Target]:
     return load_targets(REPO / "recipes")
 
 
-@pytest.fixture
-def machine(monkeypatch: pytest.MonkeyPatch) -> object:
-    """Point rocm-bootstrap's KFD reader (its documented I/O seam) at a captured tree."""
-    for name in ("ROCM_BOOTSTRAP_FORCE_GFX_ARCH", "ROCM_BOOTSTRAP_DISABLE_DETECTION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(_platform, "run_clinfo", lambda: "")
-
-    def use(tree: Path) -> None:
-        monkeypatch.setattr(_platform, "KFD_TOPOLOGY", tree / KFD_NODES)
-
-    return use
+def test_strix_halo_is_gfx1151(targets: Mapping[str, Target]) -> None:
+    isas = detect_isas(SYSFS / "strix-halo-gfx1151", {})
+    assert isas == ["gfx1151"]
+    assert target_for_isas(targets, isas) == "gfx1151"
 
 
-def test_strix_halo_is_gfx1151(machine, targets: Mapping[str, Target]) -> None:  # type: ignore[no-untyped-def]
-    machine(SYSFS / "strix-halo-gfx1151")
-    assert detect_isas() == ["gfx1151"]
-    assert target_for_isas(targets, detect_isas()) == "gfx1151"
+def test_a_7900_xtx_beside_an_unsupported_igpu_is_gfx110X(targets: Mapping[str, Target]) -> None:
+    isas = detect_isas(SYSFS / "desktop-gfx1100", {})
+    assert isas == ["gfx1100", "gfx1036"]
+    assert target_for_isas(targets, isas) == "gfx110X"
 
 
-def test_a_7900_xtx_beside_an_unsupported_igpu_is_gfx110X(machine, targets: Mapping[str, Target]) -> None:  # type: ignore[no-untyped-def]
-    machine(SYSFS / "desktop-gfx1100")
-    assert detect_isas() == ["gfx1100", "gfx1036"]
-    assert target_for_isas(targets, detect_isas()) == "gfx110X"
-
-
-def test_no_amd_gpu_is_refused_clearly(machine, targets: Mapping[str, Target], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_no_amd_gpu_is_refused_clearly(targets: Mapping[str, Target], tmp_path: Path) -> None:
     for root in (SYSFS / "cpu-only", tmp_path):  # a CPU node only; no /sys/class/kfd at all
-        machine(root)
-        assert detect_isas() == []
+        assert detect_isas(root, {}) == []
         with pytest.raises(BundleError, match="no supported AMD GPU found") as caught:
-            target_for_isas(targets, detect_isas())
+            target_for_isas(targets, [], root)
+        assert f"no GPU node under {root / 'sys/class/kfd'}" in str(caught.value)
         assert "--target" in str(caught.value)
 
 
@@ -63,10 +50,19 @@ def test_an_unsupported_gpu_names_itself_and_the_targets(targets: Mapping[str, T
     assert "gfx1036" in str(caught.value) and "gfx1151" in str(caught.value)
 
 
+def test_rocm_bootstraps_overrides_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = SYSFS / "strix-halo-gfx1151"
+    monkeypatch.setenv("ROCM_BOOTSTRAP_FORCE_GFX_ARCH", "gfx942,gfx942")
+    assert detect_isas(tree) == ["gfx942"]
+    monkeypatch.delenv("ROCM_BOOTSTRAP_FORCE_GFX_ARCH")
+    monkeypatch.setenv("ROCM_BOOTSTRAP_DISABLE_DETECTION", "1")
+    assert detect_isas(tree) == []
+
+
 def test_an_isa_rocm_bootstrap_does_not_know_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROCM_BOOTSTRAP_FORCE_GFX_ARCH", "gfx9999")
     with pytest.raises(BundleError, match=r"no supported AMD GPU found.*gfx9999"):
-        detect_isas()
+        detect_isas(SYSFS / "cpu-only")
 
 
 # -- recipes/targets.toml against rocm-bootstrap, the canonical GFX target knowledge -------------------

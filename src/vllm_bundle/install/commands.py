@@ -32,8 +32,9 @@ def _install_target(args: argparse.Namespace) -> str | None:
         if args.target not in targets:
             raise RecipeError(f"unknown target {args.target!r}; valid targets: {', '.join(targets)}, auto")
         return str(args.target)
-    isas = detect_isas()
-    name = target_for_isas(targets, isas)
+    root = _host_root(args)
+    isas = detect_isas(root)
+    name = target_for_isas(targets, isas, root)
     print(f"this machine's GPU: {', '.join(isas)} -> target {name}")
     return name
 
