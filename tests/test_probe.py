@@ -4,9 +4,18 @@ and only it, named with its source."""
 
 from __future__ import annotations
 
+import io
+import random
 import re
 import subprocess
+import sys
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -19,6 +28,9 @@ from tests.upstream.fixture import (
     THEROCK_PER_FAMILY,
 )
 from tests.upstream.server import Fault, UpstreamServer
+from vllm_bundle.inputs import remote_wheel
+from vllm_bundle.inputs.remote_wheel import open_wheel
+from vllm_bundle.util.transport import RetryPolicy, make_session
 
 FACTS = REPO / "tests" / "upstream" / "facts.toml"
 INDEX = {
@@ -174,3 +186,154 @@ def test_a_malformed_facts_file_is_one_line(upstream: UpstreamServer, recipes_di
     broken.write_text(FACTS.read_text().replace("missing-project = 403\n", "", 1))
     result = _probe(upstream, recipes_dir, "stable", "--facts", broken)
     assert_one_line_error(result, f"bad facts file {broken}", "missing-project")
+
+
+# -- #32 E4: a host that answers with too much, or too slowly ------------------------------------------
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """``/endless/…``: a body without end (1 MiB blocks, no length); ``/huge/…``: one that says it is 4 GiB;
+    ``/trickle/…``: a byte every 0.1 s; ``/silent/…``: headers, then nothing; anything else: an empty page.
+    Every body ends when the client hangs up or the fixture stops the server."""
+
+    protocol_version = "HTTP/1.1"
+    stop: ClassVar[threading.Event]
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        kind = self.path.strip("/").split("/")[0]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Connection", "close")
+        if kind == "huge":
+            self.send_header("Content-Length", str(4 << 30))
+        elif kind not in ("endless", "trickle", "silent"):
+            self.send_header("Content-Length", "0")
+        self.end_headers()
+        block = b"0" * (1 << 20)
+        try:
+            while kind in ("endless", "huge", "trickle", "silent") and not self.stop.is_set():
+                if kind == "trickle":
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                if kind in ("trickle", "silent"):
+                    self.stop.wait(0.1)
+                else:
+                    self.wfile.write(block)
+        except OSError:  # the client hung up
+            pass
+
+
+@pytest.fixture
+def hostile() -> Iterator[str]:
+    """A loopback host that answers as :class:`_Hostile` says; its URL."""
+    _Hostile.stop = threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    _Hostile.stop.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+#: The CLI with its address space capped (1.5 GiB): a body read whole until memory runs out ends in
+#: MemoryError there, not in the machine's memory.
+CAPPED = (
+    "import resource, runpy; resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29)); "
+    "runpy.run_module('vllm_bundle', run_name='__main__', alter_sys=True)"
+)
+
+
+def _probe_hostile(hostile: str, mirror: str, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """probe with its release files (the first thing it reads) under ``hostile/<mirror>/``, its indexes
+    empty pages; a hang fails the test after ``timeout`` seconds."""
+    argv = ["probe", "gfx1151", "--channel", "stable", "--mirror", f"{hostile}/{mirror}/"]
+    argv += ["--therock-index", f"{hostile}/empty/", "--pypi-index", f"{hostile}/empty/", *extra]
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", CAPPED, *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"probe kept reading {hostile}/{mirror}/ for {timeout:.0f} s")
+
+
+@pytest.mark.parametrize("kind", ["endless", "huge"])
+def test_a_page_larger_than_any_index_page_is_one_line(hostile: str, kind: str) -> None:
+    """Before the fix: read whole into memory (MemoryError; a 4 GiB page as much)."""
+    result = _probe_hostile(hostile, kind)
+    assert "MemoryError" not in result.stderr
+    assert_one_line_error(result, f"cannot download {hostile}/{kind}/SHA256SUMS", "the answer is larger than 64 MiB")
+    assert result.returncode == 4, result
+
+
+def test_a_host_that_trickles_is_given_up_on_at_the_deadline(hostile: str) -> None:
+    """Before the fix: no deadline (a byte in every read timeout kept the probe forever), no option."""
+    began = time.monotonic()
+    result = _probe_hostile(hostile, "trickle", "--read-timeout", "1", "--response-deadline", "1.5", timeout=30)
+    assert_one_line_error(
+        result, f"cannot download {hostile}/trickle/SHA256SUMS", "the answer did not arrive whole within 1.5 s"
+    )
+    assert time.monotonic() - began < 15
+
+
+def test_the_probe_takes_a_read_timeout(hostile: str) -> None:
+    began = time.monotonic()
+    result = _probe_hostile(hostile, "silent", "--read-timeout", "1", timeout=30)
+    assert_one_line_error(result, f"cannot download {hostile}/silent/SHA256SUMS", "no data before the read timeout")
+    assert time.monotonic() - began < 15
+    for option in ("--read-timeout", "--response-deadline"):
+        bad = run_cli("probe", option, "0")
+        assert_one_line_error(bad, f"argument {option}", "'0' is not a number of seconds above 0")
+        assert bad.returncode == 2
+
+
+class _Ranges(BaseHTTPRequestHandler):
+    """Serves ``body`` (HEAD and GET, one ``Range: bytes=a-b`` honoured), as an index serves a wheel."""
+
+    body: ClassVar[bytes] = b""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        first, _, last = self.headers.get("Range", "bytes=0-").removeprefix("bytes=").partition("-")
+        part = self.body[int(first) : int(last) + 1 if last else None]
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(part)))
+        self.end_headers()
+        self.wfile.write(part)
+
+
+def test_a_wheel_member_larger_than_an_answer_may_be_is_read_in_ranges_that_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zipfile reads a member's compressed bytes in one read: one range request as large as the member,
+    which a session bounding its answers (the probe's) refused for a library larger than the bound."""
+    member = random.Random(3).randbytes(3 << 20)  # incompressible: 3 MiB compressed too
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/lib.so", member)
+    _Ranges.body = buffer.getvalue()
+    monkeypatch.setattr(remote_wheel, "MOST", 1 << 20)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ranges)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        policy = RetryPolicy(attempts=1, read_timeout=5, body_limit=1 << 20, body_deadline=30)
+        with make_session(policy) as session:
+            url = f"http://127.0.0.1:{server.server_address[1]}/pkg-1-py3-none-any.whl"
+            assert open_wheel(session, url).read("pkg/lib.so") == member
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

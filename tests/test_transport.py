@@ -3,13 +3,27 @@ the one retry loop (beside urllib3's) every hand-written retry goes through."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
-from vllm_bundle.util.transport import RetryPolicy, RetryStatus, make_session, raise_for_retry_status, retrying
+from vllm_bundle.util.transport import (
+    BodyTooLarge,
+    BodyTooSlow,
+    RetryPolicy,
+    RetryStatus,
+    describe,
+    make_session,
+    raise_for_retry_status,
+    retrying,
+)
 
 
 @pytest.mark.timeout(30)
@@ -111,3 +125,104 @@ def test_a_429_or_5xx_answer_is_one_to_ask_again_with_its_retry_after() -> None:
     assert caught.value.retry_after is None
     response.status_code = 404
     assert raise_for_retry_status(response) is response
+
+
+# -- bodies read whole: at most body_limit bytes, within body_deadline seconds (#32 E4) -------------------
+
+
+class _Bodies(BaseHTTPRequestHandler):
+    """``/<size>``: that many zero bytes with a Content-Length; ``/<size>/chunked``: without one (chunked);
+    ``/<size>/gzip``: gzipped, its Content-Length the compressed size."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def _answer(self, with_body: bool) -> None:
+        size, _, how = self.path.strip("/").partition("/")
+        body = bytes(int(size))
+        self.send_response(200)
+        if how == "gzip":
+            body = gzip.compress(body)
+            self.send_header("Content-Encoding", "gzip")
+        if how == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            if with_body:
+                for start in range(0, len(body), 4096):
+                    piece = body[start : start + 4096]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            return
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(True)
+
+    def do_HEAD(self) -> None:
+        self._answer(False)
+
+
+@pytest.fixture(scope="module")
+def bodies() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Bodies)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+@pytest.mark.parametrize("how", ["", "/chunked", "/gzip"])
+def test_a_body_read_whole_may_be_as_large_as_the_policy_says_and_no_larger(bodies: str, how: str) -> None:
+    """The limit counts the bytes as the caller gets them: a gzipped body by its unpacked size."""
+    limit = 100_000
+    with make_session(RetryPolicy(attempts=1, body_limit=limit)) as session:
+        assert session.get(f"{bodies}/{limit}{how}").content == bytes(limit)
+        with pytest.raises(BodyTooLarge, match="the answer is larger than 100000 bytes"):
+            session.get(f"{bodies}/{limit + 1}{how}")
+        assert session.get(f"{bodies}/5{how}").content == bytes(5), "the session goes on after a refusal"
+        assert session.head(f"{bodies}/{10 * limit}{how}").status_code == 200, "a HEAD's length is no body"
+        with session.get(f"{bodies}/{10 * limit}{how}", stream=True) as streamed:  # a download: its own business
+            assert sum(len(chunk) for chunk in streamed.iter_content(1 << 16)) == 10 * limit
+    with make_session(RetryPolicy(attempts=1)) as session:
+        assert len(session.get(f"{bodies}/{10 * limit}{how}").content) == 10 * limit, "no limit unless asked"
+    assert str(BodyTooLarge(64 << 20)) == "the answer is larger than 64 MiB"
+
+
+@pytest.mark.timeout(30)
+def test_a_body_that_trickles_is_given_up_on_at_the_deadline_not_at_each_read() -> None:
+    """A host sending a byte every 0.1 s never trips a 1 s read timeout; the 1.5 s deadline ends it."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/"
+        stop = threading.Event()
+
+        def trickle() -> None:
+            connection, _ = server.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+                with contextlib.suppress(OSError):
+                    while not stop.wait(0.1):
+                        connection.sendall(b"x")
+
+        thread = threading.Thread(target=trickle, daemon=True)
+        thread.start()
+        policy = RetryPolicy(attempts=1, read_timeout=1, body_deadline=1.5)
+        began = time.monotonic()
+        try:
+            with make_session(policy) as session, pytest.raises(BodyTooSlow) as caught:
+                session.get(url)
+        finally:
+            stop.set()
+            thread.join(10)
+        assert 1.5 <= time.monotonic() - began < 5
+        assert describe(caught.value) == "the answer did not arrive whole within 1.5 s"

@@ -26,7 +26,7 @@ from vllm_bundle.tree.stage import OPTIONAL_STAGES, STAGES
 from vllm_bundle.util.cache import CACHE_ENV, default_cache_dir
 from vllm_bundle.util.ci import GitHubActions
 from vllm_bundle.util.fsutil import is_disk_full
-from vllm_bundle.util.transport import RetryPolicy
+from vllm_bundle.util.transport import PAGE_DEADLINE, PAGE_LIMIT, RetryPolicy
 
 DEFAULT_CHANNEL = "stable"
 VERIFY_CACHE_ENV = "VLLM_BUNDLE_VERIFY_CACHE"
@@ -184,13 +184,12 @@ def _download_options(parser: argparse.ArgumentParser) -> None:
         default=RetryPolicy.attempts,
         help="attempts per request and per interrupted body",
     )
-    group.add_argument(
-        "--read-timeout",
-        type=_seconds,
-        default=RetryPolicy.read_timeout,
-        help="seconds a stalled download may stay silent before it is resumed",
-    )
+    _read_timeout_option(group, "seconds a stalled download may stay silent before it is resumed")
     group.add_argument("--plain", action="store_true", help="plain progress lines even on a terminal")
+
+
+def _read_timeout_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    parser.add_argument("--read-timeout", type=_seconds, default=RetryPolicy.read_timeout, help=what)
 
 
 def _recipes_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, shown: bool = True) -> None:
@@ -358,6 +357,13 @@ def build_parser() -> argparse.ArgumentParser:
     _index_options(probe)
     _mirror_option(probe, "URL or directory with the release files (SHA256SUMS)")
     _recipes_option(probe)
+    _read_timeout_option(probe, "seconds a host may stay silent before the probe gives up on it")
+    probe.add_argument(
+        "--response-deadline",
+        type=_seconds,
+        default=PAGE_DEADLINE,
+        help=f"seconds one answer (a page, a wheel's range; at most {PAGE_LIMIT >> 20} MiB) may take in all",
+    )
 
     fetch = _verb_parser(
         verbs, "fetch", "download a target's locked inputs into the verified cache", build + "cmd_fetch"

@@ -19,9 +19,12 @@ import requests
 
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
-from vllm_bundle.util.transport import check_url, describe
+from vllm_bundle.util.transport import PAGE_LIMIT, check_url, describe
 
 BLOCK = 1 << 16  # bytes per range request (the central directory of a large wheel fits in a few)
+#: The most one range request asks for. zipfile reads a member's compressed bytes in one read, which a
+#: large library would make one answer larger than a session that bounds bodies (the probe's) takes.
+MOST = PAGE_LIMIT
 
 
 class _RangeFile(io.RawIOBase):
@@ -47,7 +50,7 @@ class _RangeFile(io.RawIOBase):
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         if self.position >= self.size or not len(buffer):
             return 0
-        end = min(self.position + len(buffer), self.size) - 1
+        end = min(self.position + min(len(buffer), MOST), self.size) - 1
         try:
             answer = self.session.get(self.url, headers={"Range": f"bytes={self.position}-{end}"})
         except requests.RequestException as err:

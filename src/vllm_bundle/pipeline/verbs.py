@@ -52,7 +52,7 @@ from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.progress import human_size, make_reporter
-from vllm_bundle.util.transport import RetryPolicy, make_session
+from vllm_bundle.util.transport import PAGE_LIMIT, RetryPolicy, make_session
 
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
@@ -94,7 +94,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
     path = args.facts or default_facts()
     facts = load_facts(path)
     sources = Sources(args.therock_index, args.pypi_index, args.mirror)
-    with make_session(RetryPolicy()) as session:
+    # Every answer read whole, bounded in size and time: a host that sends without end or trickles is
+    # given up on in one line (the read timeout alone bounds each read, not the answer).
+    policy = RetryPolicy(read_timeout=args.read_timeout, body_limit=PAGE_LIMIT, body_deadline=args.response_deadline)
+    with make_session(policy) as session:
 
         def say(line: str) -> None:
             print(redact_urls(line), flush=True)

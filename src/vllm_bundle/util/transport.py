@@ -5,6 +5,11 @@ Retry-After honoured); a connection that drops in the middle of a body is resume
 Every request of a session from :func:`make_session` has the policy's (connect, read) timeouts unless
 it names its own, so no call site spells out a number. What urllib3 does not retry (a body cut off
 midway, an upload's POST, PATCH or PUT) goes through the one hand-written loop, :func:`retrying`.
+
+A policy may also bound a body read whole (a request that is not streamed: an index page, a checksum
+list, a wheel's range): at most ``body_limit`` bytes, arriving whole within ``body_deadline`` seconds.
+The read timeout bounds each read only, so a host sending a byte per read timeout would otherwise keep
+the run forever, and requests reads a body of any size into memory.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class RetryPolicy:
     max_backoff: float = 30.0
     connect_timeout: float = 15.0
     read_timeout: float = 60.0  # a stalled body is abandoned (and resumed) after this long
+    #: A body read whole may be at most this many bytes (:class:`BodyTooLarge`); None: any size.
+    body_limit: int | None = None
+    #: Seconds a body read whole may take, from the request on, however it trickles (:class:`BodyTooSlow`;
+    #: caught at the first read that ends after it, so at most one read timeout late); None: no deadline.
+    body_deadline: float | None = None
 
     @property
     def timeouts(self) -> tuple[float, float]:
@@ -51,6 +61,36 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         return float(min(self.max_backoff, self.backoff * (2 ** max(0, attempt - 1))))
+
+
+#: What a policy that bounds bodies allows when it reads pages: far more than any index page (PyPI's largest
+#: simple pages are a few MiB), and a deadline far beyond what one takes on a slow link.
+PAGE_LIMIT = 64 << 20
+PAGE_DEADLINE = 300.0
+#: The most one read of a body read whole asks for.
+_CHUNK = 1 << 16
+#: urllib3's errors while a body is read, as requests' ``iter_content`` raises them.
+_AS_REQUESTS_ERRORS: tuple[tuple[type[Exception], type[requests.RequestException]], ...] = (
+    (urllib3.exceptions.ProtocolError, requests.exceptions.ChunkedEncodingError),
+    (urllib3.exceptions.DecodeError, requests.exceptions.ContentDecodingError),
+    (urllib3.exceptions.ReadTimeoutError, requests.exceptions.ConnectionError),
+    (urllib3.exceptions.SSLError, requests.exceptions.SSLError),
+)
+
+
+class BodyTooLarge(requests.RequestException):
+    """A body read whole is larger than the policy's ``body_limit``."""
+
+    def __init__(self, limit: int) -> None:
+        size = f"{limit >> 20} MiB" if limit >= 1 << 20 and not limit % (1 << 20) else f"{limit} bytes"
+        super().__init__(f"the answer is larger than {size}")
+
+
+class BodyTooSlow(requests.RequestException):
+    """A body read whole was still arriving at the policy's ``body_deadline``."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__(f"the answer did not arrive whole within {deadline:g} s")
 
 
 class RetryStatus(Exception):
@@ -130,13 +170,43 @@ def _check_redirect(response: requests.Response, *args: object, **kwargs: object
         check_url(urljoin(response.url, response.headers["location"]), redirected_from=response.url)
 
 
-class _PolicyAdapter(HTTPAdapter):
-    """urllib3's retries, and the policy's timeouts for a request that names none (a requests session
-    has no timeout of its own: without one, a host that stops answering hangs the run)."""
+def _read_whole(response: requests.Response, started: float, limit: int | None, deadline: float | None) -> None:
+    """Read the body of a request that is not streamed into ``response``, as requests would, but at most
+    ``limit`` bytes and no later than ``deadline`` seconds after ``started``. ``read1`` returns what one
+    read of the socket brings, so a body that trickles is looked at between its bytes, not after 64 KiB of
+    them. urllib3's errors become requests' as requests' own reading turns them."""
+    declared = response.raw.length_remaining  # urllib3's: Content-Length, 0 for HEAD, 204 and 304
+    if limit is not None and declared is not None and declared > limit:
+        response.close()
+        raise BodyTooLarge(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while chunk := response.raw.read1(_CHUNK, decode_content=True):
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise BodyTooLarge(limit)
+            if deadline is not None and time.monotonic() - started > deadline:
+                raise BodyTooSlow(deadline)
+            chunks.append(chunk)
+    except BaseException as err:
+        response.close()
+        for theirs, ours in _AS_REQUESTS_ERRORS:
+            if isinstance(err, theirs):
+                raise ours(err) from err
+        raise
+    response._content = b"".join(chunks)
 
-    def __init__(self, timeouts: tuple[float, float], **kwargs: Any) -> None:
+
+class _PolicyAdapter(HTTPAdapter):
+    """urllib3's retries, the policy's timeouts for a request that names none (a requests session has no
+    timeout of its own: without one, a host that stops answering hangs the run), and its bounds on a
+    body read whole."""
+
+    def __init__(self, policy: RetryPolicy, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.timeouts = timeouts
+        self.timeouts = policy.timeouts
+        self.body_limit, self.body_deadline = policy.body_limit, policy.body_deadline
 
     def send(
         self,
@@ -147,7 +217,11 @@ class _PolicyAdapter(HTTPAdapter):
         cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        return super().send(request, stream, self.timeouts if timeout is None else timeout, verify, cert, proxies)
+        started = time.monotonic()
+        response = super().send(request, stream, self.timeouts if timeout is None else timeout, verify, cert, proxies)
+        if not stream and (self.body_limit is not None or self.body_deadline is not None):
+            _read_whole(response, started, self.body_limit, self.body_deadline)
+        return response
 
 
 def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
@@ -164,7 +238,7 @@ def make_session(policy: RetryPolicy, pool_size: int = 8) -> requests.Session:
         respect_retry_after_header=True,
         raise_on_status=False,
     )
-    adapter = _PolicyAdapter(policy.timeouts, max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
+    adapter = _PolicyAdapter(policy, max_retries=retry, pool_connections=pool_size, pool_maxsize=pool_size)
     session = requests.Session()
     session.hooks["response"].append(_check_redirect)
     session.mount("https://", adapter)
