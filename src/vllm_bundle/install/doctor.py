@@ -9,9 +9,12 @@ traceback.
 
 What is checked, and where the rule comes from:
 
-- ``gpu``: vLLM uses HIP device 0 (after ``ROCR_VISIBLE_DEVICES``/``HIP_VISIBLE_DEVICES``), and the bundle
-  carries code objects for its target's ISAs only (``recipes/targets.toml``). The ISA is AMD's
-  rocm-bootstrap's reading of the node's ``gfx_target_version`` (``parse_gfx_target_version``).
+- ``gpu``: vLLM uses HIP device 0, as ROCr, HIP and vLLM read ``ROCR_VISIBLE_DEVICES``,
+  ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (:mod:`vllm_bundle.runtime.visibility` cites their
+  rules); variables that leave no GPU, or that vLLM refuses, block. The bundle carries code objects for
+  its target's ISAs only (``recipes/targets.toml``). The ISA is AMD's rocm-bootstrap's reading of the
+  node's ``gfx_target_version`` (``parse_gfx_target_version``). An APU is a GPU whose PCI device (for a
+  compute partition, partition 0's) has no ``board_info``.
 - ``cwsr``: on gfx1151 (Strix Halo) ROCm needs a kernel that exports the KFD node properties
   ``cwsr_size`` and ``ctl_stack_size`` (kernel 6.18.4+, or a backport: mainline 8fc2796dea6f,
   "drm/amdkfd: Export the cwsr_size and ctl_stack_size to userspace", printed by ``node_show()`` in
@@ -19,12 +22,14 @@ What is checked, and where the rule comes from:
   included, so only the GPU node tells). Lemonade gates gfx1151 (``gfx_target_version 110501``) alone
   on it (lemonade-sdk/lemonade:src/cpp/server/system_info.cpp ``needs_gfx1151_cwsr_fix``); the fix is
   lemonade-sdk/lemonade:docs/gfx1151_linux.html's.
-- ``driver``: amdgpu must be the kernel's own, not AMD's out-of-tree ``amdgpu-dkms``, which "conflicts
-  with the in-tree amdgpu driver" on Ryzen AI / Strix Halo (lemonade-sdk/lemonade:docs/gfx1151_linux.html;
-  a blocker on an APU, a warning on a discrete GPU). DKMS shows as ``sys/module/amdgpu/version`` (only
-  ROCm/amdgpu:drivers/gpu/drm/amd/amdgpu/amdgpu_drv.c sets ``MODULE_VERSION``; the kernel makes the file
-  only for a module that has one, kernel/module/main.c), an ``O`` (out-of-tree) in
-  ``sys/module/amdgpu/taint``, or its companion module ``amdkcl`` loaded
+- ``driver``: AMD's out-of-tree ``amdgpu-dkms`` "conflicts with the in-tree amdgpu driver" on Ryzen AI /
+  Strix Halo (lemonade-sdk/lemonade:docs/gfx1151_linux.html, the only place the conflict is documented):
+  a blocker on those APUs (:data:`DKMS_CONFLICT_ISAS`). Everywhere else it is what AMD's installer sets up
+  ("Kernel mode driver (included in all usecases)", amdgpu-install's use cases in ROCm's install docs; an
+  Instinct MI300A or MI300X runs on it): stated, with no advice to remove it. DKMS shows as
+  ``sys/module/amdgpu/version`` (only ROCm/amdgpu:drivers/gpu/drm/amd/amdgpu/amdgpu_drv.c sets
+  ``MODULE_VERSION``; the kernel makes the file only for a module that has one, kernel/module/main.c), an
+  ``O`` (out-of-tree) in ``sys/module/amdgpu/taint``, or its companion module ``amdkcl`` loaded
   (ROCm/amdgpu:drivers/gpu/drm/amd/dkms/dkms.conf).
 - ``access``: ``dev/kfd`` and the GPU's ``dev/dri/renderD<drm_render_minor>`` must open read-write.
   They are really opened: a desktop session grants them by ACL (systemd's ``uaccess``), which mode
@@ -32,7 +37,8 @@ What is checked, and where the rule comes from:
   (lemonade-sdk/lemonade:docs/guide/install/docker.md).
 - ``memory``: vLLM refuses to start when the free memory is below ``gpu_memory_utilization`` x total
   (``request_memory`` in vllm/v1/worker/utils.py); without a value of the caller's, the launcher picks
-  one that fits (:func:`vllm_bundle.runtime.gpu_memory.choose`).
+  one (:func:`vllm_bundle.runtime.gpu_memory.choose`), and both judge a value by the same rule
+  (``largest_fitting``).
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from rocm_bootstrap import parse_gfx_target_version
 
 from vllm_bundle.errors import printable
 from vllm_bundle.recipes import Target
-from vllm_bundle.runtime import amdgpu, gpu_memory
+from vllm_bundle.runtime import amdgpu, gpu_memory, visibility
 from vllm_bundle.runtime.smallfile import read_small_text
 
 Status = Literal["ok", "warn", "block"]
@@ -64,6 +70,9 @@ CWSR_FIX = (
     "upgrade the kernel to 6.18.4 or later and reboot; on Ubuntu 24.04: sudo apt install linux-oem-24.04; "
     "see https://lemonade-server.ai/gfx1151_linux.html"
 )
+#: The ISAs of the APUs on which amdgpu-dkms is documented to conflict with the kernel's own amdgpu:
+#: Ryzen AI 300 (Strix Point gfx1150, Krackan Point gfx1152) and Ryzen AI Max (Strix Halo gfx1151).
+DKMS_CONFLICT_ISAS = ("gfx1150", "gfx1151", "gfx1152")
 DKMS_FIX = (
     "sudo apt remove --purge amdgpu-dkms && sudo reboot, "
     "or reinstall ROCm without it: sudo amdgpu-install -y --usecase=rocm --no-dkms"
@@ -72,7 +81,6 @@ CONTAINER_DEVICES = "--device /dev/kfd --device /dev/dri --group-add video --gro
 GROUPS_FIX = f"sudo usermod -aG render,video $USER, then log out and in (in a container: {CONTAINER_DEVICES})"
 OSRELEASE = Path("proc/sys/kernel/osrelease")
 MODULES = Path("sys/module")
-VISIBILITY_VARIABLES = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 GIB = float(1 << 30)
 #: The most of a variable's value a finding repeats.
 SHOWN_VALUE = 60
@@ -98,15 +106,15 @@ def diagnose(
     gpus = amdgpu.gpu_nodes(root)  # a node whose properties cannot be read is no GPU node
     if not gpus:
         return [_no_gpu(root, targets)]
-    index = amdgpu.visible_index(environ)
-    if index is not None and index >= len(gpus):
-        return [_not_visible(index, len(gpus), environ)]
-    gpu = gpus[index or 0]
+    selection = visibility.select([gpu.unique_id for gpu in gpus], environ)
+    if selection.device0 is None:
+        return [_not_visible(selection, len(gpus), environ)]
+    gpu = gpus[selection.device0]
     apu = _is_apu(root, gpu)
     return [
-        _gpu_check(gpus, index, apu, targets, target, environ),
+        _gpu_check(gpus, gpu, apu, targets, target, environ),
         _cwsr_check(root, gpu),
-        _driver_check(root, apu),
+        _driver_check(root, _isa(gpu)),
         _access_check(root, gpu),
         _memory_check(root, gpu, utilization),
     ]
@@ -166,18 +174,17 @@ def _visibility(environ: Mapping[str, str]) -> str:
     value cut short)."""
     return ", ".join(
         f"{name}={printable(environ[name], SHOWN_VALUE)}"
-        for name in VISIBILITY_VARIABLES
+        for name in visibility.VARIABLES
         if environ.get(name) is not None
     )
 
 
-def _not_visible(index: int, count: int, environ: Mapping[str, str]) -> Finding:
-    return Finding(
-        "gpu",
-        "block",
-        f"{_visibility(environ)} makes GPU {index} HIP's device 0, but this machine has {_count(count, 'GPU')}",
-        f"unset those variables, or name a GPU from 0 to {count - 1}",
-    )
+def _not_visible(selection: visibility.Selection, count: int, environ: Mapping[str, str]) -> Finding:
+    if selection.problem and selection.problem.startswith("vLLM refuses"):
+        fix = f"set only {visibility.HIP}, or both to the same value"
+    else:
+        fix = f"unset them, or name GPUs by index from 0 to {count - 1}"
+    return Finding("gpu", "block", f"{_visibility(environ)}: {selection.problem}", fix)
 
 
 def _isa(gpu: amdgpu.GpuNode) -> str | None:
@@ -207,23 +214,14 @@ def _describe_gpu(gpu: amdgpu.GpuNode, isa: str | None, apu: bool | None, enviro
 
 def _gpu_check(
     gpus: list[amdgpu.GpuNode],
-    index: int | None,
+    gpu: amdgpu.GpuNode,
     apu: bool | None,
     targets: Mapping[str, Target],
     target: Target | None,
     environ: Mapping[str, str],
 ) -> Finding:
-    gpu = gpus[index or 0]
     isa = _isa(gpu)
     described = _describe_gpu(gpu, isa, apu, environ)
-    if index is None:
-        return Finding(
-            "gpu",
-            "warn",
-            f"cannot tell which GPU HIP makes device 0 ({_visibility(environ)}); checked the first, KFD node "
-            f"{gpu.node} ({isa or 'unknown'})",
-            "name GPUs by index in ROCR_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES for this check",
-        )
     if target is not None:
         served = target.name if isa in target.isas else None
     else:
@@ -299,14 +297,14 @@ def _dkms_signs(root: Path) -> list[str]:
     return signs
 
 
-def _driver_check(root: Path, apu: bool | None) -> Finding:
+def _driver_check(root: Path, isa: str | None) -> Finding:
     signs = _dkms_signs(root)
     if not signs:
         return Finding("driver", "ok", "amdgpu is the kernel's own driver (no module version, taint O or amdkcl)")
     message = f"amdgpu is AMD's out-of-tree amdgpu-dkms ({', '.join(signs)}), not the kernel's own driver"
-    if apu is False:
-        return Finding("driver", "warn", f"{message}: it conflicts with the kernel's on APUs", DKMS_FIX)
-    return Finding("driver", "block", f"{message}: on a Ryzen AI / Strix Halo APU it conflicts with it", DKMS_FIX)
+    if isa in DKMS_CONFLICT_ISAS:
+        return Finding("driver", "block", f"{message}: on a Ryzen AI / Strix Halo APU it conflicts with it", DKMS_FIX)
+    return Finding("driver", "ok", f"{message}, as AMD's installer sets it up")
 
 
 def _access_check(root: Path, gpu: amdgpu.GpuNode) -> Finding:
@@ -361,22 +359,22 @@ def _memory_check(root: Path, gpu: amdgpu.GpuNode, utilization: float | None) ->
     if utilization is None:
         chosen = gpu_memory.choose(pool)
         if chosen is None:
-            return Finding("memory", "block", f"{has}: too little for vLLM to start", "close what holds GPU memory")
-        return Finding("memory", "ok", f"{has}; vllm-server will pass --gpu-memory-utilization {chosen:.2f}")
+            return Finding("memory", "block", f"{has}: {gpu_memory.too_little(pool)}", "close what holds GPU memory")
+        passes = f"{has}; vllm-server will pass --gpu-memory-utilization {chosen:.2f}"
+        if not gpu_memory.leaves_headroom(pool, chosen):
+            return Finding(
+                "memory",
+                "warn",
+                f"{passes}, all that fits now: no headroom left for what other programs allocate",
+                "close what holds GPU memory",
+            )
+        return Finding("memory", "ok", passes)
     needed = math.ceil(pool.total * utilization)
     asked = f"--gpu-memory-utilization {utilization:g} needs {needed / GIB:.1f} GiB free at start"
     if pool.free >= needed:
         return Finding("memory", "ok", f"{has}; {asked}")
-    largest = _largest_fitting(pool)
+    largest = gpu_memory.largest_fitting(pool)
     fix = "close what holds GPU memory"
     if largest is not None:
         fix = f"pass --gpu-memory-utilization {largest:.2f} or less, or {fix}"
     return Finding("memory", "block", f"{has}, but {asked} (vLLM refuses to start)", fix)
-
-
-def _largest_fitting(pool: amdgpu.MemoryPool) -> float | None:
-    """The largest utilization in hundredths that vLLM's rule (free >= ceil(total x u)) accepts."""
-    hundredths = pool.free * 100 // pool.total
-    while hundredths > 0 and math.ceil(pool.total * (hundredths / 100)) > pool.free:
-        hundredths -= 1  # float rounding at the edge
-    return hundredths / 100 if hundredths > 0 else None

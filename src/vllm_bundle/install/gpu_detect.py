@@ -23,13 +23,13 @@ from vllm_bundle.recipes import Target
 from vllm_bundle.runtime import amdgpu
 
 #: rocm-bootstrap's overrides (rocm_bootstrap/detect.py, ``detect_gpus``).
-OVERRIDES = ("ROCM_BOOTSTRAP_DISABLE_DETECTION", "ROCM_BOOTSTRAP_FORCE_GFX_ARCH")
+OVERRIDE_VARIABLES = ("ROCM_BOOTSTRAP_DISABLE_DETECTION", "ROCM_BOOTSTRAP_FORCE_GFX_ARCH")
 
 
 def detect_isas(root: Path, environ: Mapping[str, str] = os.environ) -> list[str]:
     """The ISAs of the AMD GPUs of the host under ``root``, in the driver's node order, each once."""
     try:
-        if any(environ.get(name) for name in OVERRIDES):
+        if any(environ.get(name) for name in OVERRIDE_VARIABLES):
             return [target.name for target in detect_gfx_targets()]
         names = [parse_gfx_target_version(gpu.gfx_target_version).name for gpu in amdgpu.gpu_nodes(root)]
     except ValueError as err:  # a GPU (or a forced name) rocm-bootstrap does not know

@@ -32,7 +32,7 @@ from vllm_bundle.errors import ManifestError
 from vllm_bundle.manifests import RELEASE_JSON, dump_json, read_json, write_sha256sums
 from vllm_bundle.qualify.tier0 import CheckResult, Report
 from vllm_bundle.recipes import Target
-from vllm_bundle.runtime import amdgpu
+from vllm_bundle.runtime import amdgpu, visibility
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import free_port
@@ -127,9 +127,9 @@ def check_memory_figure(probe: dict[str, Any], root: Path) -> CheckResult:
         return CheckResult(name, False, what, ["torch reported no memory figure for device 0"])
     torch_free, torch_total = int(memory[0]), int(memory[1])
     gpus = amdgpu.gpu_nodes(root)
-    index = amdgpu.visible_index(os.environ)
-    if index is None or index >= len(gpus):
-        return CheckResult(name, False, what, ["cannot tell which KFD node is device 0"])
+    index = visibility.select([gpu.unique_id for gpu in gpus], os.environ).device0
+    if index is None:
+        return CheckResult(name, False, what, ["no KFD node is device 0 (see `vllm-bundle doctor`)"])
     try:
         pool = amdgpu.memory_pool(root, gpus[index])
     except amdgpu.Unreadable as err:

@@ -9,6 +9,14 @@ on a real host, a captured tree in tests).
 - The node's DRM device: ``drm_render_minor`` M -> ``sys/class/drm/renderD<M>/device`` (Lemonade,
   lemonade-sdk/lemonade:src/cpp/server/system_info.cpp). Its ``mem_info_{vram,gtt}_{total,used}`` are
   decimal bytes (amdgpu_vram_mgr.c, amdgpu_gtt_mgr.c); the VRAM files may be absent.
+- A GPU split into compute partitions (MI300X in DPX/QPX/CPX mode) is one KFD node per partition, each
+  with its own render node; the nodes of one device share ``domain`` and their ``location_id`` but for
+  the partition number OR'ed into its low bits (``kfd_topology_add_device``, kfd_topology.c). Only
+  partition 0's render node is the PCI device; the others' are ``amdgpu_xcp_<i>`` platform devices
+  (amdxcp/amdgpu_xcp_drv.c) with none of amdgpu's attributes (``board_info``, ``mem_info_*``), and
+  ``mem_info_vram_*`` counts the whole device. HIP reports a partition's own share: the node's
+  ``mem_banks/<i>/properties`` ``size_in_bytes`` (``amdgpu_amdkfd_xcp_memory_size``), less what the
+  processes on it hold, ``sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`` (kfd_process.c, decimal bytes).
 - An APU has no ``board_info`` under its device (Lemonade's ``get_amd_is_igpu``). On an APU whose
   carve-out is smaller than its GTT the kernel serves GPU allocations from GTT (``apu_prefer_gtt`` in
   ``amdgpu_ttm_init``), and HIP reports the GTT size as the device's memory; GTT pages are system RAM,
@@ -27,6 +35,9 @@ from .smallfile import read_small_text
 KFD_NODES = Path("sys/class/kfd/kfd/topology/nodes")
 DRM = Path("sys/class/drm")
 MEMINFO = Path("proc/meminfo")
+KFD_PROCESSES = Path("sys/class/kfd/kfd/proc")
+#: The partition number the kernel ORs into a partition node's ``location_id`` (at most 8 partitions).
+PARTITION_BITS = 0x7
 #: ``proc/meminfo`` is a few KiB (one line per counter); sysfs attributes are a page at most.
 MEMINFO_LIMIT = 64 << 10
 #: Where the host's ``sys``, ``proc`` and ``dev`` are read: ``/``, unless this names a captured tree
@@ -66,9 +77,19 @@ class GpuNode:
         return self.properties.get("gfx_target_version", 0)
 
     @property
+    def unique_id(self) -> int:
+        """The device's serial (0 when the driver has none): what ROCr and HIP make GPU UUIDs of."""
+        return self.properties.get("unique_id", 0)
+
+    @property
     def render_minor(self) -> int | None:
         minor = self.properties.get("drm_render_minor", -1)
         return minor if minor >= 0 else None
+
+    @property
+    def pci_device(self) -> tuple[int, int]:
+        """(PCI domain, PCI device id): the same for every partition of one GPU."""
+        return self.properties.get("domain", 0), self.properties.get("location_id", 0) & ~PARTITION_BITS
 
     def render_node(self) -> Path | None:
         """``dev/dri/renderD<M>``, relative to the host root."""
@@ -109,9 +130,20 @@ def device_dir(root: Path, gpu: GpuNode) -> Path:
     return root / DRM / f"renderD{gpu.render_minor}" / "device"
 
 
+def partitions(root: Path, gpu: GpuNode) -> list[GpuNode]:
+    """The KFD nodes of ``gpu``'s device, partition 0 first (just ``gpu`` when it is not partitioned)."""
+    same = [node for node in gpu_nodes(root) if node.pci_device == gpu.pci_device]
+    return sorted(same, key=lambda node: node.properties.get("location_id", 0)) if gpu in same else [gpu]
+
+
+def pci_device_dir(root: Path, gpu: GpuNode) -> Path:
+    """The PCI device's sysfs folder of ``gpu``, which holds amdgpu's attributes: partition 0's."""
+    return device_dir(root, partitions(root, gpu)[0])
+
+
 def is_apu(root: Path, gpu: GpuNode) -> bool:
     try:
-        return not os.path.lexists(device_dir(root, gpu) / "board_info")
+        return not os.path.lexists(pci_device_dir(root, gpu) / "board_info")
     except (OSError, ValueError) as err:
         raise Unreadable(f"cannot read KFD node {gpu.node}'s device: {err}") from None
 
@@ -150,6 +182,8 @@ class MemoryPool:
 
 def memory_pool(root: Path, gpu: GpuNode) -> MemoryPool:
     """The pool HIP allocates from and reports (``hipMemGetInfo``) for ``gpu``."""
+    if len(partitions(root, gpu)) > 1:
+        return partition_pool(root, gpu)
     device = device_dir(root, gpu)
     gtt_total = _bytes(device / "mem_info_gtt_total")
     try:
@@ -167,20 +201,36 @@ def memory_pool(root: Path, gpu: GpuNode) -> MemoryPool:
     return MemoryPool("vram", vram_total, used, max(0, vram_total - used))
 
 
-def visible_index(environ: Mapping[str, str]) -> int | None:
-    """The index, among the GPU nodes, of the GPU a HIP program uses as device 0: ROCr's
-    ``ROCR_VISIBLE_DEVICES`` selects first, then HIP's ``HIP_VISIBLE_DEVICES`` (or
-    ``CUDA_VISIBLE_DEVICES``) among those. None when a list names devices by UUID (not worked out here)."""
-    order: list[int] | None = None
-    for names in (("ROCR_VISIBLE_DEVICES",), ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")):
-        value = next((environ[name] for name in names if environ.get(name) is not None), None)
-        if value is None:
-            continue
-        items = [item.strip() for item in value.split(",") if item.strip()]
-        if not items or not all(_is_number(item) for item in items):
-            return None
-        chosen = [int(item) for item in items]
-        order = chosen if order is None else [order[i] for i in chosen if i < len(order)]
-        if not order:
-            return None
-    return 0 if order is None else order[0]
+def partition_pool(root: Path, gpu: GpuNode) -> MemoryPool:
+    """A compute partition's own memory: its node's banks, less what KFD's processes hold on it."""
+    node = root / KFD_NODES / str(gpu.node)
+    try:
+        banks = sorted((node / "mem_banks").iterdir())
+    except OSError:
+        raise Unreadable(f"cannot read {node / 'mem_banks'}") from None
+    total = sum(read_properties_or_unreadable(bank / "properties").get("size_in_bytes", 0) for bank in banks)
+    gpu_id = _bytes(node / "gpu_id")
+    used = sum(_process_vram(process, gpu_id) for process in _kfd_processes(root))
+    return MemoryPool("partition", total, used, max(0, total - used))
+
+
+def read_properties_or_unreadable(path: Path) -> dict[str, int]:
+    try:
+        return read_properties(path)
+    except OSError as err:
+        raise Unreadable(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _kfd_processes(root: Path) -> list[Path]:
+    try:
+        return [entry for entry in (root / KFD_PROCESSES).iterdir() if _is_number(entry.name)]
+    except OSError:
+        return []  # no process uses a GPU, or none the reader may see
+
+
+def _process_vram(process: Path, gpu_id: int) -> int:
+    try:
+        text = read_small_text(process / f"vram_{gpu_id}").strip()
+    except OSError:
+        return 0  # the process does not use this GPU, or has exited
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 0

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import amdgpu
+from . import amdgpu, visibility
 
 #: vLLM's own default (vllm/config/cache.py, ``gpu_memory_utilization``): never chosen above it.
 VLLM_DEFAULT = 0.92
@@ -50,15 +50,44 @@ def caller_chose(args: Sequence[str]) -> bool:
     return False
 
 
-def choose(pool: amdgpu.MemoryPool) -> float | None:
-    """The largest utilization, in hundredths and at most vLLM's default, that the free memory covers
-    with headroom left; None when that is below :data:`LOWEST`."""
+def largest_fitting(pool: amdgpu.MemoryPool) -> float | None:
+    """The largest utilization in hundredths that vLLM's own check (free >= ceil(total x u)) accepts now;
+    None when not even 0.01 does. The one rule ``doctor`` and the launcher judge a value by."""
     if pool.total <= 0:
         return None
+    hundredths = pool.free * 100 // pool.total
+    while hundredths > 0 and math.ceil(pool.total * (hundredths / 100)) > pool.free:
+        hundredths -= 1  # float rounding at the edge
+    return hundredths / 100 if hundredths > 0 else None
+
+
+def with_headroom(pool: amdgpu.MemoryPool) -> float:
+    """The largest utilization in hundredths that leaves :data:`HEADROOM_FRACTION` (at least
+    :data:`HEADROOM_MIN_BYTES`) free, at most vLLM's default (may be 0 or less)."""
     headroom = max(HEADROOM_MIN_BYTES, pool.total * HEADROOM_FRACTION)
-    fraction = math.floor((pool.free - headroom) / pool.total * 100) / 100
-    value = min(VLLM_DEFAULT, fraction)
-    return value if value >= LOWEST else None
+    return min(VLLM_DEFAULT, math.floor((pool.free - headroom) / pool.total * 100) / 100)
+
+
+def choose(pool: amdgpu.MemoryPool) -> float | None:
+    """The launcher's default: the largest utilization that leaves headroom, else the largest vLLM
+    accepts at all (vLLM's own default would fail either way); None when that is below :data:`LOWEST`."""
+    if pool.total <= 0:
+        return None
+    if (value := with_headroom(pool)) >= LOWEST:
+        return value
+    fitting = largest_fitting(pool)
+    return min(VLLM_DEFAULT, fitting) if fitting is not None and fitting >= LOWEST else None
+
+
+def leaves_headroom(pool: amdgpu.MemoryPool, value: float) -> bool:
+    return pool.total > 0 and value <= with_headroom(pool)
+
+
+def too_little(pool: amdgpu.MemoryPool) -> str:
+    """Why no default fits, naming the largest value vLLM would accept if there is one."""
+    largest = largest_fitting(pool)
+    accepts = f"vLLM accepts at most --gpu-memory-utilization {largest:.2f}" if largest else "vLLM accepts no value"
+    return f"too little for vLLM to start ({accepts}, below the {LOWEST:.2f} that serves a model)"
 
 
 @dataclass(frozen=True)
@@ -67,8 +96,12 @@ class Decision:
     line: str | None  # what the launcher says on stderr, if anything
 
 
+#: What ``describe`` adds for a pool that is not plain VRAM.
+POOL_NOTES = {"gtt": " (GTT: an APU's shared system memory)", "partition": " (this compute partition's share)"}
+
+
 def describe(pool: amdgpu.MemoryPool) -> str:
-    shared = " (GTT: an APU's shared system memory)" if pool.kind == "gtt" else ""
+    shared = POOL_NOTES.get(pool.kind, "")
     return f"{pool.free / GIB:.1f} of {pool.total / GIB:.1f} GiB free{shared}"
 
 
@@ -78,9 +111,10 @@ def decide(args: Sequence[str], root: Path, environ: Mapping[str, str]) -> Decis
     gpus = amdgpu.gpu_nodes(root)
     if not gpus:
         return Decision(None, None)  # no AMD GPU: vLLM says so itself
-    index = amdgpu.visible_index(environ)
-    if index is None or index >= len(gpus):
-        return Decision(None, _keep("cannot tell which GPU HIP makes device 0 (*_VISIBLE_DEVICES)"))
+    selection = visibility.select([gpu.unique_id for gpu in gpus], environ)
+    index = selection.device0
+    if index is None:
+        return Decision(None, _keep(f"no GPU is HIP's device 0 ({selection.problem})"))
     gpu = gpus[index]
     try:
         pool = amdgpu.memory_pool(root, gpu)
@@ -90,13 +124,13 @@ def decide(args: Sequence[str], root: Path, environ: Mapping[str, str]) -> Decis
     if value is None:
         return Decision(
             None,
-            f"vllm-server: GPU {index} has {describe(pool)}: too little for vLLM to start; "
-            "close what holds GPU memory, or pass --gpu-memory-utilization",
+            f"vllm-server: GPU {index} has {describe(pool)}: {too_little(pool)}; close what holds GPU memory",
         )
+    tight = "" if leaves_headroom(pool, value) else ", all that fits now: no headroom left for other programs"
     return Decision(
         value,
         f"vllm-server: GPU {index} has {describe(pool)}; starting vLLM with --gpu-memory-utilization "
-        f"{value:.2f} (pass --gpu-memory-utilization to choose)",
+        f"{value:.2f}{tight} (pass --gpu-memory-utilization to choose)",
     )
 
 
