@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import suppress
@@ -24,9 +26,9 @@ import pytest
 from tests.conftest import REPO
 from tests.upstream.fixture import PYTHON_MINOR
 from vllm_bundle.recipes import ServerRule, load_recipes
-from vllm_bundle.runtime import amdgpu, gpu_memory
+from vllm_bundle.runtime import amdgpu, gpu_memory, orphans
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, MemoryPool
-from vllm_bundle.runtime.orphans import VARIABLE
+from vllm_bundle.runtime.orphans import TOKEN_VARIABLE, VARIABLE
 from vllm_bundle.tree.launcher import render_launcher
 
 HOSTS = Path(__file__).parent / "data" / "hosts"
@@ -272,3 +274,132 @@ def test_without_the_runtime_the_same_tree_outlives_the_server(built: Path, tmp_
     server.send_signal(signal.SIGKILL)
     server.wait()
     assert _alive_after({k: v for k, v in pids.items() if k != "server"}, 2.0) == ["engine", "worker", "threaded"]
+
+
+# -- children that never load the bundle's Python (#32, M9) ---------------------------------------------
+
+NATIVE_ORPHAN_SERVER = Path(__file__).with_name("native_orphan_server.py")
+NATIVE_ROLES = ("server", "engine", "frontend", "frontend-child", "threaded-native", "engine-native")
+
+
+def _start_native_server(
+    built: Path, root: Path, reaped: list[int]
+) -> tuple[subprocess.Popen[bytes], dict[str, int], int]:
+    """The stand-in for vLLM with its Rust frontend, under the launcher: the server, its processes' pids
+    once all are started, and the port its listening socket is bound to."""
+    launcher = launcher_root(built, root / "bundle", NATIVE_ORPHAN_SERVER)
+    pids_dir = root / "pids"
+    pids_dir.mkdir()
+    env = {"PATH": os.environ["PATH"], HOST_ROOT_VARIABLE: str(HOSTS / "no-gpu"), **NO_PYC}
+    server = subprocess.Popen([str(launcher), str(pids_dir)], env=env)
+    reaped.append(server.pid)
+    pids = _wait_for_pids(pids_dir, NATIVE_ROLES)
+    reaped.extend(pids.values())
+    assert pids["server"] == server.pid, "the launcher exec's the server"
+    return server, pids, int((pids_dir / "port").read_text())  # written before server.pid
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _tree(pid: int) -> dict[str, int]:
+    """Every process below ``pid`` now, by pid and name (whatever the runtime itself started included)."""
+    return {f"{p.pid} {p.name()}": p.pid for p in psutil.Process(pid).children(recursive=True)}
+
+
+def test_a_sigkilled_server_leaves_no_native_process_behind(built: Path, tmp_path: Path, reaped: list[int]) -> None:
+    """vLLM's Rust frontend is a native binary: no .pth arms it. It, a child of its own, one started from
+    an ended thread and one started by the engine are all gone within 2 s of a SIGKILL of the server,
+    and so is the listening socket they hold; while the server lives, none of them is killed."""
+    server, pids, port = _start_native_server(built, tmp_path, reaped)
+    time.sleep(0.5)
+    assert _alive_after(pids, 0) == list(NATIVE_ROLES), "a child lives while the server does"
+    assert _listening(port)
+    started = _tree(server.pid)
+    reaped.extend(started.values())
+    server.send_signal(signal.SIGKILL)
+    server.wait()
+    assert _alive_after(pids, 2.0) == [], "every process the server started is gone within 2 s"
+    assert _alive_after(started, 2.0) == [], "and so is anything the runtime started for it"
+    assert not _listening(port), "no process holds the server's listening socket"
+
+
+def test_a_server_that_exits_leaves_no_native_process_and_no_reaper_behind(
+    built: Path, tmp_path: Path, reaped: list[int]
+) -> None:
+    """A server that exits with status 0 (here on SIGTERM) but leaves children running: they go too, and
+    nothing the runtime started for the server is left running."""
+    server, pids, port = _start_native_server(built, tmp_path, reaped)
+    started = _tree(server.pid)
+    reaped.extend(started.values())
+    reaper = [psutil.Process(pid).cmdline() for pid in started.values() if psutil.Process(pid).ppid() == server.pid]
+    reaper = [argv for argv in reaper if any(arg.endswith("/_vllm_bundle_runtime/orphans.py") for arg in argv)]
+    assert len(reaper) == 1, "the server has one reaper"
+    assert "-B" in reaper[0], "it writes no bytecode into the bundle when the server does not"
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=30) == 0
+    assert _alive_after(pids, 2.0) == []
+    assert _alive_after(started, 2.0) == []
+    assert not _listening(port)
+
+
+def test_killing_a_server_kills_no_process_of_another_server_or_of_its_caller(
+    built: Path, tmp_path: Path, reaped: list[int]
+) -> None:
+    """Two servers from the same bundle, and a child of the caller's (an installer's own process): the
+    SIGKILL of one server leaves the other's processes and the caller's running."""
+    killed, killed_pids, _ = _start_native_server(built, tmp_path / "killed", reaped)
+    other, other_pids, other_port = _start_native_server(built, tmp_path / "other", reaped)
+    callers = subprocess.Popen(["sleep", "300"])
+    reaped.append(callers.pid)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert _alive_after(killed_pids, 2.0) == []
+    time.sleep(0.5)
+    assert _alive_after(other_pids, 0) == list(NATIVE_ROLES)
+    assert _listening(other_port)
+    assert callers.poll() is None
+    other.send_signal(signal.SIGKILL)
+    other.wait()
+    assert _alive_after(other_pids, 2.0) == []
+
+
+def test_the_reaper_kills_only_the_carriers_of_its_token(reaped: list[int]) -> None:
+    base = {key: value for key, value in os.environ.items() if key != TOKEN_VARIABLE}
+    started = {
+        name: subprocess.Popen(["sleep", "300"], env={**base, **extra})
+        for name, extra in {
+            "carrier": {TOKEN_VARIABLE: "1.mine"},
+            "another server's": {TOKEN_VARIABLE: "2.theirs"},
+            "a prefix of it": {TOKEN_VARIABLE: "1.mi"},
+            "none": {},
+        }.items()
+    }
+    reaped.extend(process.pid for process in started.values())
+    assert orphans.kill_carriers("1.mine") == [started["carrier"].pid]
+    assert started["carrier"].wait(timeout=2) == -signal.SIGKILL
+    assert [name for name, process in started.items() if process.poll() is None] == [
+        "another server's",
+        "a prefix of it",
+        "none",
+    ]
+
+
+def test_a_server_that_cannot_start_its_reaper_says_so_in_one_line_and_starts() -> None:
+    code = (
+        "import os, sys; sys.executable = '/nonexistent/python'; from vllm_bundle.runtime import orphans;"
+        " orphans.arm(); print(os.environ[orphans.VARIABLE] == str(os.getpid()), orphans.TOKEN_VARIABLE in os.environ)"
+    )
+    result = subprocess.run(
+        ["sh", "-c", f'{VARIABLE}=$$ exec "$0" -c "$1"', sys.executable, code],
+        env={key: value for key, value in os.environ.items() if key != TOKEN_VARIABLE},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout) == (0, "True False\n"), result.stderr
+    assert result.stderr.startswith("vllm-bundle: cannot start the reaper of this server's non-Python processes: ")
+    assert result.stderr.count("\n") == 1
