@@ -748,3 +748,18 @@ def test_doctor_and_the_launcher_judge_memory_by_one_rule(tmp_path: Path) -> Non
     assert "too little for vLLM to start (vLLM accepts at most --gpu-memory-utilization 0.00" not in nothing.message
     assert "vLLM accepts no value" in nothing.message or "at most --gpu-memory-utilization 0.0" in nothing.message
     assert gpu_memory.decide([], root, {}).value is None
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "-1", "0", ""])
+def test_a_parent_pid_variable_int_refuses_arms_nothing_and_says_nothing(value: str) -> None:
+    """E6 in the runtime: every Python process under the server reads VLLM_BUNDLE_PARENT_PID at start."""
+    code = "from vllm_bundle.runtime import orphans; orphans.arm()"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "VLLM_BUNDLE_PARENT_PID": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr

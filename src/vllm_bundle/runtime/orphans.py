@@ -65,6 +65,8 @@ VARIABLE = "VLLM_BUNDLE_PARENT_PID"
 #: Set by the server to a token of its own (``<pid>.<random>``); every process below it inherits it.
 TOKEN_VARIABLE = "VLLM_BUNDLE_SERVER_TOKEN"  # noqa: S105 - the variable's name, not a secret
 POLL_SECONDS = 0.2  # only without pidfd_open
+#: A pid has at most 7 digits (pid_max is at most 2**22); anything longer is no pid.
+PID_DIGITS = 7
 #: A bound on the reaper's scans, should a killed process linger (in uninterruptible sleep) meanwhile.
 SWEEP_SECONDS = 10.0
 
@@ -119,7 +121,10 @@ def _start_reaper() -> None:
 
 def _parent_from_environment() -> int | None:
     value = os.environ.get(VARIABLE, "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    # ASCII digits only, and no more than a pid has: str.isdigit() takes '²', which int() refuses
+    if not (value.isascii() and value.isdigit() and len(value) <= PID_DIGITS):
+        return None
+    return int(value) if int(value) > 0 else None
 
 
 def _hand_down() -> None:
