@@ -98,21 +98,21 @@ def test_every_error_class_has_a_documented_exit_code() -> None:
 def test_debug_prints_the_traceback_of_a_user_error(tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     plain = run_cli("doctor", "--host-root", str(missing))
-    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr, "a bad option value: a UsageError"
     assert plain.stderr.strip().startswith("error: --host-root") and plain.stderr.count("\n") == 1
     for debug in (
         run_cli("--debug", "doctor", "--host-root", str(missing)),
         run_cli("doctor", "--host-root", str(missing), "--debug"),
         run_cli("doctor", "--host-root", str(missing), env={"VLLM_BUNDLE_DEBUG": "1"}),
     ):
-        assert debug.returncode == 1
-        assert "Traceback (most recent call last)" in debug.stderr and "BundleError" in debug.stderr
+        assert debug.returncode == 2
+        assert "Traceback (most recent call last)" in debug.stderr and "UsageError" in debug.stderr
         assert debug.stderr.strip().splitlines()[-1] == plain.stderr.strip(), "the one line still ends it"
 
 
 def test_in_github_actions_the_error_is_also_an_annotation(tmp_path: Path) -> None:
     result = run_cli("doctor", "--host-root", str(tmp_path / "missing"), env={"GITHUB_ACTIONS": "true"})
-    assert result.returncode == 1
+    assert result.returncode == 2
     line = result.stderr.strip().removeprefix("error: ")
     assert f"::error::{line}" in result.stdout.splitlines()
 

@@ -10,18 +10,26 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import pkgutil
 import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from vllm_bundle.errors import BundleError
+if not __package__:  # run as `python tests/test_docs.py`: the checkout's root, for `tests.` (as pytest has it)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli
+from tests.test_doctor import as_a_user
+from vllm_bundle.errors import OTHER_EXITS, BundleError
+from vllm_bundle.oci.image import BASE_LOCK, load_image_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -57,17 +65,32 @@ def _meaning(cls: type[BundleError]) -> str:
     return first.replace("``", "`").replace("|", "\\|")
 
 
+def _other_rows() -> list[tuple[int, str]]:
+    """The exits no class stands for (errors.OTHER_EXITS), as rows: no class, the module that exits so."""
+    return [
+        (code, f"| {code} | — | — | `src/vllm_bundle/{where}` | {meaning} |") for code, where, meaning in OTHER_EXITS
+    ]
+
+
 def exit_code_table() -> str:
-    """The README's table, as the sources define it: by exit code, then in class order."""
+    """The README's one table, as the sources define it: by exit code, the classes (in class order) and
+    then the exits no class stands for."""
     classes = error_classes()
     order = {cls: i for i, cls in enumerate(classes)}
-    lines = ["| exit code | error | a kind of | defined in | what it means |", "|---|---|---|---|---|"]
-    for cls in sorted(classes, key=lambda c: (c.exit_code, order[c])):
+    rows: list[tuple[int, int, str]] = []
+    for cls in classes:
         base = cls.__bases__[0].__name__
         where = "src/vllm_bundle/" + cls.__module__.removeprefix("vllm_bundle.").replace(".", "/") + ".py"
-        row = f"| {cls.exit_code} | `{cls.__name__}` | `{base}` | `{where}` | {_meaning(cls)} |"
-        lines.append(row)
-    return "\n".join(lines)
+        rows.append(
+            (
+                cls.exit_code,
+                order[cls],
+                f"| {cls.exit_code} | `{cls.__name__}` | `{base}` | `{where}` | {_meaning(cls)} |",
+            )
+        )
+    rows += [(code, len(classes) + i, row) for i, (code, row) in enumerate(_other_rows())]
+    lines = ["| exit code | error | a kind of | defined in | what it means |", "|---|---|---|---|---|"]
+    return "\n".join(lines + [row for _, _, row in sorted(rows)])
 
 
 def _table_block(text: str) -> str:
@@ -90,6 +113,141 @@ def test_each_row_names_the_errors_base_and_module() -> None:
         return [row.split(" | ")[:4] for row in table.strip().splitlines()[2:]]
 
     assert columns(_table_block(README.read_text())) == columns(exit_code_table()), "run `python tests/test_docs.py`"
+
+
+def test_the_exits_no_class_stands_for_are_in_the_one_table() -> None:
+    """Success, a verb's own "no", argparse, an unclassed disk-full, Ctrl-C: rows of the same table (from
+    errors.OTHER_EXITS), as written there; the README has no second table that could disagree."""
+    block = _table_block(README.read_text())
+    assert [row for _, row in _other_rows()] == [
+        line for line in block.splitlines() if line.startswith("| ") and " | — |" in line
+    ]
+    assert {code for code, _, _ in OTHER_EXITS} >= {0, 1, 2, 5, 130}
+    section = _section(README.read_text(), "Exit codes")
+    assert section.count("| exit code |") == 1, "one exit-code table"
+
+
+# -- the table says what the CLI does: one code for a bad option or option value ------------------------
+
+#: The README row a bad option or option value exits with (#32 E10: they exited 1, 4, 6 or 7).
+BAD_OPTION = "a bad option or option value"
+#: The README row a hand-edited lock exits with: image-base.json is a lock (`lock --image` writes it).
+LOCK = "| `LockError` | `BundleError` |"
+
+
+def _readme_code(row: str) -> int:
+    """The exit code the README's one table gives in the row that contains ``row``."""
+    found = [line for line in _table_block(README.read_text()).splitlines() if row.lower() in line.lower()]
+    assert len(found) == 1, f"one row of the README's exit-code table says {row!r}: {found}"
+    return int(found[0].split(" | ")[0].removeprefix("| "))
+
+
+#: A refused run: the CLI's output, and what its one error line must contain.
+Case = tuple[subprocess.CompletedProcess[str], tuple[str, ...]]
+
+
+def _cli_as_a_user(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``run_cli``, subject to file modes even as root (setpriv drops the capabilities that bypass them)."""
+    env = {key: value for key, value in os.environ.items() if key != "VLLM_BUNDLE_CACHE_DIR"}
+    command = as_a_user([sys.executable, "-m", "vllm_bundle", *map(str, args)])
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _bundle_args(tmp_path: Path, *extra: str | Path) -> list[str | Path]:
+    """``bundle`` with everything it writes under ``tmp_path`` and recipes without locks: refused before
+    any lock or download (``--locked --offline`` would refuse those too, in another line)."""
+    recipes = copy_recipes(tmp_path / "recipes")
+    args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes, "--locked", "--offline", "--plain"]
+    args += [
+        "--build-dir",
+        tmp_path / "build",
+        "--bundles-dir",
+        tmp_path / "bundles",
+        "--cache-dir",
+        tmp_path / "cache",
+    ]
+    return [*args, *extra]
+
+
+def _a_file_as_cache_dir(tmp_path: Path) -> Case:
+    file = tmp_path / "file"
+    file.write_text("")
+    result = run_cli("fetch", "gfx1151", "--offline", "--cache-dir", file)
+    return result, (f"--cache-dir {file} is not a directory", "pass --cache-dir a directory you can write to")
+
+
+def _a_read_only_build_dir(tmp_path: Path) -> Case:
+    build = tmp_path / "read-only"
+    build.mkdir(mode=0o555)
+    result = _cli_as_a_user(*_bundle_args(tmp_path, "--repo", TEST_REPO, "--build-dir", build))
+    return result, (f"--build-dir {build} is not writable: permission denied", "a directory you can write to")
+
+
+def _a_missing_host_root(tmp_path: Path) -> Case:
+    missing = tmp_path / "missing"
+    result = run_cli("doctor", "--host-root", missing)
+    return result, (f"--host-root {missing} is not a directory", "name the root of a host tree")
+
+
+def _a_push_that_is_no_image_reference(tmp_path: Path) -> Case:
+    result = run_cli(*_bundle_args(tmp_path, "--repo", TEST_REPO, "--push", "vllm-rocm"))
+    return result, ("--push 'vllm-rocm' is not an image reference", "e.g. ghcr.io/OWNER/vllm-rocm")
+
+
+def _a_repo_of_three_parts(tmp_path: Path) -> Case:
+    result = run_cli(*_bundle_args(tmp_path, "--repo", "a/b/c"))
+    return result, ("GitHub repository 'a/b/c' is not <owner>/<name>", "pass --repo owner/name")
+
+
+def _no_repo_at_all(tmp_path: Path) -> Case:
+    """No --repo, an empty $GITHUB_REPOSITORY and no checkout to read an origin from (GIT_DIR names none)."""
+    env = {"GITHUB_REPOSITORY": "", "GIT_DIR": str(tmp_path / "no-checkout")}
+    result = run_cli(*_bundle_args(tmp_path), env=env)
+    return result, ("no GitHub repository for backend_versions.json checksums", "pass --repo owner/name")
+
+
+def _a_path_for_a_digest_in_image_base_json(tmp_path: Path) -> Case:
+    recipes = copy_recipes(tmp_path / "recipes")
+    recipe = load_image_recipe(recipes)
+    blob = {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": "sha256:" + "1" * 64, "size": 1}
+    lock = {
+        "reference": str(recipe.base),
+        "platform": dict(recipe.platform),
+        "index_digest": None,
+        "manifest": blob,
+        "config": dict(blob, digest="sha256:../../../../escaped"),
+        "layers": [blob],
+    }
+    (recipes / "locks").mkdir()
+    (recipes / "locks" / BASE_LOCK).write_text(json.dumps(lock))
+    result = run_cli("lock", "--check", "--image", "--recipes", recipes)
+    return result, ("'sha256:../../../../escaped' is not a sha256 digest", "lock --image")
+
+
+@pytest.mark.parametrize(
+    ("case", "row"),
+    [
+        pytest.param(_a_file_as_cache_dir, BAD_OPTION, id="a-file-as-cache-dir"),
+        pytest.param(_a_read_only_build_dir, BAD_OPTION, id="a-read-only-build-dir"),
+        pytest.param(_a_missing_host_root, BAD_OPTION, id="doctor-host-root-missing"),
+        pytest.param(_a_push_that_is_no_image_reference, BAD_OPTION, id="push-not-an-image-reference"),
+        pytest.param(_a_repo_of_three_parts, BAD_OPTION, id="repo-a/b/c"),
+        pytest.param(_no_repo_at_all, BAD_OPTION, id="no-repo"),
+        pytest.param(_a_path_for_a_digest_in_image_base_json, LOCK, id="image-base-json-path-digest"),
+    ],
+)
+def test_a_bad_value_exits_with_the_code_the_readme_gives_in_one_line_before_any_work(
+    tmp_path: Path, case: Callable[[Path], Case], row: str
+) -> None:
+    """#32 E10: each exited 1, 4, 6 or 7. The expected code is read from the README's table, not written
+    here: a bad option or option value (an environment variable standing in for one too) is 2; a lock
+    edited by hand (image-base.json is the image base's lock) is 3, as every other lock's is."""
+    result, fragments = case(tmp_path)
+    last = assert_one_line_error(result, *fragments)
+    assert result.returncode == _readme_code(row), f"exit {result.returncode}: {last}"
+    assert result.stderr.strip() == last, "one line on stderr"
+    assert result.stdout == "", "refused before any work (nothing locked, fetched or built)"
+    assert not (tmp_path / "build").exists() and not (tmp_path / "cache").exists()
 
 
 # -- links ------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import assert_one_line_error, lock_against, run_cli, seed_vllm_build
+from tests.conftest import TEST_REPO, assert_one_line_error, lock_against, run_cli, seed_vllm_build
 from tests.upstream.fixture import (
     CP,
     PYPI,
@@ -356,6 +356,6 @@ def test_bundle_without_a_lock_and_no_network_is_one_line(recipes_dir: Path, tmp
     args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes_dir, "--cache-dir", tmp_path / "cache"]
     args += ["--retries", "1", "--therock-index", f"{closed}/therock/", "--pypi-index", f"{closed}/simple/"]
     args += ["--mirror", f"{closed}/mirror/"]
-    result = run_cli(*args, "--build-dir", tmp_path / "build")
+    result = run_cli(*args, "--build-dir", tmp_path / "build", "--repo", TEST_REPO)
     assert_one_line_error(result, "cannot download", closed)
     assert not (recipes_dir / "locks").exists(), "no lock half-written"

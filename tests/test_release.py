@@ -289,12 +289,19 @@ def test_bundle_without_a_repository_says_how_to_set_one_before_any_stage(
     assert not (tmp_path / "c").exists()
 
 
-def test_bundle_after_a_missing_lock_reports_the_lock_before_the_repository(
+def test_bundle_without_a_repository_is_refused_before_the_lock_check(
     recipes_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """#32 E10: a missing (or bad) repository is a bad option, refused before any work, locking included
+    (it was checked after the lock: without --locked, after locking over the network)."""
     monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
-    result = run_cli("bundle", "gfx1151", "--recipes", recipes_dir, "--locked", "--build-dir", tmp_path / "b")
-    assert_one_line_error(result, "no lock for stable/gfx1151")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "not-a-repository"))  # no origin remote to fall back on
+    args = ("bundle", "gfx1151", "--recipes", recipes_dir, "--build-dir", tmp_path / "b")
+    result = run_cli(*args, "--locked")
+    assert_one_line_error(result, "no GitHub repository", "--repo owner/name")
+    assert result.returncode == 2
+    assert_one_line_error(run_cli(*args, "--locked", "--repo", TEST_REPO), "no lock for stable/gfx1151")
+    assert not (recipes_dir / "locks").exists() and not (tmp_path / "b").exists()
 
 
 def test_the_repository_defaults_to_the_checkouts_github_origin(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vllm_bundle import __version__
-from vllm_bundle.errors import DEBUG_ENV, BundleError, DiskFullError
+from vllm_bundle.errors import DEBUG_ENV, BundleError, DiskFullError, UsageError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
 from vllm_bundle.paths import default_patches, default_recipes
 from vllm_bundle.tree.stage import OPTIONAL_STAGES, STAGES
@@ -103,7 +103,8 @@ def _why_not_writable(path: Path) -> str:
 
 def check_work_dir(path: Path, option: str) -> None:
     """A directory this run writes into (``--cache-dir``, ``--build-dir``, ``--bundles-dir``) is one or can
-    be made, and is writable: checked before any stage, without creating it (a refused run leaves nothing)."""
+    be made, and is writable: checked before any stage, without creating it (a refused run leaves nothing); a
+    :class:`UsageError` (exit 2) otherwise, as every bad option value."""
     if option.startswith("--"):
         hint = f"pass {option} a directory you can write to"
     else:
@@ -112,18 +113,18 @@ def check_work_dir(path: Path, option: str) -> None:
     absolute = path.absolute()
     if absolute.is_dir():
         if not os.access(absolute, os.W_OK | os.X_OK):
-            raise BundleError(f"{shown} is not writable: {_why_not_writable(absolute)}", hint)
+            raise UsageError(f"{shown} is not writable: {_why_not_writable(absolute)}", hint)
         return
     if os.path.lexists(absolute):
         what = "a broken symbolic link" if not absolute.exists() else "not a directory"
-        raise BundleError(f"{shown} is {what}", hint)
+        raise UsageError(f"{shown} is {what}", hint)
     ancestor = _nearest_existing(absolute.parent)
     if not ancestor.is_dir():
-        raise BundleError(f"{shown} cannot be made: {ancestor} is a file", hint)
+        raise UsageError(f"{shown} cannot be made: {ancestor} is a file", hint)
     if not os.access(ancestor, os.W_OK | os.X_OK):
         why = _why_not_writable(ancestor)
         where = "is on a read-only file system" if why == "read-only file system" else "is not writable"
-        raise BundleError(f"{shown} cannot be made: {ancestor} {where}", hint)
+        raise UsageError(f"{shown} cannot be made: {ancestor} {where}", hint)
 
 
 def _check_work_dirs(args: argparse.Namespace) -> None:

@@ -3,22 +3,14 @@ hierarchy with one exit code per kind. Anything that is not a :class:`BundleErro
 and keeps its traceback; ``--debug`` (or ``VLLM_BUNDLE_DEBUG=1``) prints a :class:`BundleError`'s too,
 for a bug report.
 
-Exit codes (the README's table is checked against :data:`EXIT_CODES` by tests/test_docs.py):
+Exit codes: each class's ``exit_code`` (a subclass inherits its base's), and :data:`OTHER_EXITS` for the
+exits no class stands for (success, a verb's own "no", argparse's errors, a disk-full ``OSError``,
+Ctrl-C). The README's exit-code table is generated from these two (``python tests/test_docs.py``) and
+tests/test_docs.py fails when it no longer matches them: it is the one table, read it there.
 
-=====  ==========================  ==========================================================================
-code   class                       meaning
-=====  ==========================  ==========================================================================
-0                                  success
-1      :class:`BundleError`        a check ran and said no (qualification, reproducibility, doctor's blockers)
-2      :class:`UsageError`         the command line or a recipe is wrong (argparse's own code too)
-3      :class:`LockError`          a lock is missing, out of date, or fails its own integrity check
-4      :class:`FetchError`         a download or registry request failed for good
-5      :class:`DiskFullError`      the disk filled up; the partial file was removed
-6      :class:`StageError`         a stage could not do its work (patch, build, assemble, archive, image)
-7      :class:`InputError`         a value or archive from outside is malformed or unsafe
-8      :class:`InstallError`       a release cannot be installed as given
-130                                interrupted (Ctrl-C); partial downloads are kept for a resume
-=====  ==========================  ==========================================================================
+The rule for a bad command-line option or option value (an environment variable standing in for an
+option included): a :class:`UsageError` (or, for a recipe, a :class:`RecipeError`), exit 2, raised before
+any work; the one line says which option, what is wrong with its value and how to fix it.
 """
 
 from __future__ import annotations
@@ -87,7 +79,9 @@ class NoSupportedGPUError(BundleError):
 
 
 class UsageError(BundleError):
-    """The command line asks for something that cannot be (options that conflict, a missing argument)."""
+    """A bad option or option value, refused before any work: options that conflict, one that is missing,
+    a value not of the form it must have (a repository, an image reference), a file or directory that
+    cannot be used as the option asks; an environment variable standing in for an option too."""
 
     exit_code = 2
 
@@ -207,7 +201,8 @@ class InputError(BundleError):
 
 
 class InvalidValueError(InputError):
-    """A value read from a manifest, a lock, an index page or a flag is not of the form it must have."""
+    """A value read from outside (a manifest, an index page, a checksums file, ``$SOURCE_DATE_EPOCH``) is not
+    of the form it must have."""
 
 
 class ManifestError(InputError):
@@ -249,3 +244,20 @@ def _exit_codes() -> dict[str, int]:
 
 #: Class name → exit code, for the docs' table and its test.
 EXIT_CODES = _exit_codes()
+
+#: The exits no error class above stands for: (code, the module that exits so, when). The README's one
+#: exit-code table lists them among the classes, in code order (tests/test_docs.py generates it).
+OTHER_EXITS: tuple[tuple[int, str, str], ...] = (
+    (0, "cli.py", "Success; also `qualify --warn-only` when a check failed (the report says which)."),
+    (1, "install/commands.py", "`doctor` found a blocker: this machine cannot run the bundle (its findings say why)."),
+    (1, "pipeline/verbs.py", "`probe` found facts of the fake upstream that differ from what the channel serves."),
+    (1, "cli.py", "A bug in this tool: any exception that is not a `BundleError`, printed with its traceback."),
+    (
+        2,
+        "cli.py",
+        "argparse's own errors: an unknown option, a missing argument, a value of the wrong type or out of "
+        "range; one line, as a `UsageError` is.",
+    ),
+    (5, "cli.py", "No space left on a write the tool has no error class for (an `OSError` with `ENOSPC`)."),
+    (130, "cli.py", "Interrupted (Ctrl-C): partial downloads are kept and resume on the next run."),
+)

@@ -14,7 +14,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_bundle.errors import ManifestError
+from vllm_bundle.errors import ManifestError, UsageError
 from vllm_bundle.runtime.smallfile import read_small_text
 from vllm_bundle.util.fsutil import atomic_write, sha256_file
 from vllm_bundle.util.validate import sha256_hex
@@ -88,12 +88,13 @@ def write_sha256sums(directory: Path) -> None:
 
 
 def check_repo(repo: str) -> None:
-    """The GitHub repository the checksums name must be ``<owner>/<name>``."""
+    """The GitHub repository the checksums name must be ``<owner>/<name>``: none, or one that is not, is a bad
+    (or missing) ``--repo`` (or ``$GITHUB_REPOSITORY``, which stands in for it): a usage error, exit 2."""
     hint = f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)"
     if not repo:
-        raise ManifestError("no GitHub repository for backend_versions.json checksums", hint)
+        raise UsageError("no GitHub repository for backend_versions.json checksums", hint)
     if not is_github_repo(repo):
-        raise ManifestError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
+        raise UsageError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
 
 
 def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str]) -> dict[str, Any]:

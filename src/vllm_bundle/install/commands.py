@@ -10,7 +10,7 @@ from pathlib import Path
 
 from platformdirs import user_data_path
 
-from vllm_bundle.errors import BundleError, InstallError, NotReadyError, RecipeError
+from vllm_bundle.errors import InstallError, NotReadyError, RecipeError, UsageError
 from vllm_bundle.install.doctor import blockers, diagnose, for_install, render_json, render_text
 from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
 from vllm_bundle.install.installer import install_release, release_from_assets, release_from_pins
@@ -40,11 +40,12 @@ def _install_target(args: argparse.Namespace) -> str | None:
 
 
 def _host_root(args: argparse.Namespace) -> Path:
-    """``--host-root``, else ``$VLLM_BUNDLE_HOST_ROOT``, else ``/``: where ``sys``, ``proc`` and ``dev`` are read."""
+    """``--host-root``, else ``$VLLM_BUNDLE_HOST_ROOT``, else ``/``: where ``sys``, ``proc`` and ``dev`` are
+    read. One that is not a directory is a bad option value (exit 2), not a machine that is not ready (1)."""
     root: Path = args.host_root or host_root()
     if not root.is_dir():
         shown = f"--host-root {root}" if args.host_root else f"${HOST_ROOT_VARIABLE} {root}"
-        raise BundleError(f"{shown} is not a directory", "name the root of a host tree (with sys/, proc/ and dev/)")
+        raise UsageError(f"{shown} is not a directory", "name the root of a host tree (with sys/, proc/ and dev/)")
     return root
 
 
@@ -88,6 +89,7 @@ def _check_host(args: argparse.Namespace, target: str) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    _host_root(args)  # a bad --host-root is refused before anything is downloaded
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)
     source = str(args.source)

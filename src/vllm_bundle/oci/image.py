@@ -17,7 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import LockMissingError, LockOutOfDateError, OfflineMissingError, RecipeError, RegistryError
+from vllm_bundle.errors import (
+    ImageError,
+    LockError,
+    LockMissingError,
+    LockOutOfDateError,
+    OfflineMissingError,
+    RecipeError,
+    RegistryError,
+)
 from vllm_bundle.manifests import dump_json, read_json
 from vllm_bundle.oci.layout import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, write_image
 from vllm_bundle.oci.registry import Reference, RegistryClient, mirrored, parse_document, platform_manifest
@@ -119,7 +127,9 @@ def base_lock_path(locks_dir: Path) -> Path:
 
 
 def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
-    """The base lock, refusing a missing one or one made for another reference or platform."""
+    """The base lock, refusing a missing one or one made for another reference or platform. One with a
+    descriptor that is not one (a digest other than ``sha256:<64 hex>`` would name a file) is refused as a
+    hand-edited target lock is: a :class:`LockError` (exit 3), never silently replaced."""
     path = base_lock_path(locks_dir)
     if not path.exists():
         raise LockMissingError(f"no lock for the image base at {path}", "run `vllm-bundle lock --image`")
@@ -135,6 +145,10 @@ def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise LockOutOfDateError(f"{path} is not a base image lock ({err})", "run `vllm-bundle lock --image`") from None
+    except ImageError as err:
+        raise LockError(
+            f"{path}: {err.message}", "run `vllm-bundle lock --image` instead of editing the lock by hand"
+        ) from None
     if lock.reference != str(recipe.base) or dict(lock.platform) != dict(recipe.platform):
         raise LockOutOfDateError(
             f"the image base lock pins {lock.reference} ({'/'.join(lock.platform.values())}) but {RECIPE} names "

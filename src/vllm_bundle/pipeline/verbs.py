@@ -14,6 +14,8 @@ from vllm_bundle.errors import (
     LockOutOfDateError,
     NotReproducibleError,
     RecipeError,
+    RegistryError,
+    UsageError,
     redact_urls,
 )
 from vllm_bundle.inputs.facts import load_facts
@@ -282,11 +284,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if wants_image and args.no_archive:
         raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
     if args.push:
-        Reference.parse(args.push)  # a bad destination is refused now, not after the build
-    _lock_if_needed(recipes, args)
-    image_recipe = _image_recipe_locked(args) if wants_image else None
+        check_push(args.push)  # a bad destination is refused now, not after the build
     release = None
-    if not args.no_archive:  # checked before anything is written, not after an hour of building
+    if not args.no_archive:  # checked before any lock or stage, not after an hour of building
         release = ReleaseOptions(
             repo=default_repo(args.repo),
             part_size=args.part_size,
@@ -294,9 +294,19 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             source_date=source_date_from_env(),  # $SOURCE_DATE_EPOCH out of range: refused now, not at the SBOM
         )
         check_repo(release.repo)
+    _lock_if_needed(recipes, args)
+    image_recipe = _image_recipe_locked(args) if wants_image else None
     with exclusive(args.build_dir / args.target, say):
         image = _image_options(args, image_recipe) if image_recipe is not None else None
         return _build(recipes, args, release, image)
+
+
+def check_push(destination: str) -> Reference:
+    """``--push``'s value: an image reference that names its registry host, else a usage error (exit 2)."""
+    try:
+        return Reference.parse(destination)
+    except RegistryError as err:
+        raise UsageError(f"--push {err.message}", err.hint) from None
 
 
 def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
@@ -385,7 +395,7 @@ def _publish_image(
     print(f"image  {tag} {digest}  (OCI layout: {image_dir / LAYOUT})")
     reference = image_reference(recipe.repository, repo, tag, digest)
     if args.push:
-        destination, url = mirrored(Reference.parse(args.push), None)
+        destination, url = mirrored(check_push(args.push), None)
         destination = Reference(destination.registry, destination.repository, tag)
         client = RegistryClient(url, policy_of(args))
         with make_reporter(None, plain=True if args.plain else None) as reporter:

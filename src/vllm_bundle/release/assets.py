@@ -80,7 +80,7 @@ def source_date(lock: Lock, override: int | None) -> int:
 
 def default_repo(configured: str | None) -> str:
     """``--repo``, else ``$GITHUB_REPOSITORY``, else the GitHub ``origin`` of the checkout this tool runs
-    from; "" when none is known (the bundle refuses that after the lock check, before any stage)."""
+    from; "" when none is known (the bundle refuses that before the lock check and any stage)."""
     return configured or os.environ.get(REPO_ENV, "") or _origin_repo()
 
 
