@@ -110,6 +110,15 @@ def recipes_dir(tmp_path: Path) -> Path:
     return copy_recipes(tmp_path / "recipes")
 
 
+def as_a_user(command: list[str]) -> list[str]:
+    """``command`` subject to file modes: as root (CI), without the capabilities that bypass them."""
+    if os.getuid() != 0:
+        return command
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv (util-linux): file modes cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *command]
+
+
 def run_cli(
     *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

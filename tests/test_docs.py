@@ -26,8 +26,7 @@ import yaml
 if not __package__:  # run as `python tests/test_docs.py`: the checkout's root, for `tests.` (as pytest has it)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import TEST_REPO, assert_one_line_error, copy_recipes, run_cli
-from tests.test_doctor import as_a_user
+from tests.conftest import TEST_REPO, as_a_user, assert_one_line_error, copy_recipes, run_cli
 from vllm_bundle.errors import OTHER_EXITS, BundleError
 from vllm_bundle.oci.image import BASE_LOCK, load_image_recipe
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests import host_trees
-from tests.conftest import REPO, assert_one_line_error, run_cli
+from tests.conftest import REPO, as_a_user, assert_one_line_error, run_cli
 from vllm_bundle.install.doctor import Finding, diagnose, render_json, render_text
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
@@ -215,15 +215,6 @@ def test_device_0_is_the_desktops_discrete_gpu_unless_hip_chooses_the_igpu() -> 
 
 def host_copy(name: str, where: Path) -> Path:
     return Path(shutil.copytree(HOSTS / name, where / name))
-
-
-def as_a_user(command: list[str]) -> list[str]:
-    """``command`` subject to file modes: as root (CI), without the capabilities that bypass them."""
-    if os.getuid() != 0:
-        return command
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv (util-linux): file modes cannot be enforced")
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *command]
 
 
 def test_device_nodes_the_user_cannot_open_block_naming_the_groups(tmp_path: Path) -> None:

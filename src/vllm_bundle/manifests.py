@@ -90,7 +90,7 @@ def write_sha256sums(directory: Path) -> None:
 def check_repo(repo: str) -> None:
     """The GitHub repository the checksums name must be ``<owner>/<name>``: none, or one that is not, is a bad
     (or missing) ``--repo`` (or ``$GITHUB_REPOSITORY``, which stands in for it): a usage error, exit 2."""
-    hint = f"pass --repo owner/name (in GitHub Actions ${REPO_ENV} is used)"
+    hint = f"pass --repo owner/name; in GitHub Actions ${REPO_ENV} is used"
     if not repo:
         raise UsageError("no GitHub repository for backend_versions.json checksums", hint)
     if not is_github_repo(repo):
