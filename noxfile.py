@@ -21,9 +21,10 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "tests"]
 
 
-def _install(session: nox.Session, *groups: str) -> None:
+def _install(session: nox.Session, *groups: str, silent: bool = False) -> None:
     """The project (editable, with its build extra) and the given dependency groups, exactly as
-    uv.lock pins them: the tool's own environment is locked like every bundle input."""
+    uv.lock pins them: the tool's own environment is locked like every bundle input. ``silent``: uv's
+    output only on failure (a session whose stdout a workflow reads)."""
     session.run_install(
         "uv",
         "sync",
@@ -33,6 +34,7 @@ def _install(session: nox.Session, *groups: str) -> None:
         *(f"--group={group}" for group in groups),
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
         external=True,
+        silent=silent,
     )
 
 
@@ -45,6 +47,14 @@ def _cli(session: nox.Session, verb: str) -> None:
 def lock(session: nox.Session) -> None:
     """Pin every input of a target: `nox -s lock -- gfx1151 [--channel nightly]`, or `-- --check`."""
     _cli(session, "lock")
+
+
+@nox.session
+def targets(session: nox.Session) -> None:
+    """The recipes' targets, or `-- --channels`; `-- --json` for a workflow's matrix (stdout holds the
+    list alone: the workflows read it)."""
+    _install(session, silent=True)
+    session.run("vllm-bundle", "targets", *session.posargs, external=False)
 
 
 @nox.session

@@ -31,6 +31,7 @@ VERBS = [
     "qualify-gpu",
     "install",
     "doctor",
+    "targets",
     "merge-manifests",
 ]
 

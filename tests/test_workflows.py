@@ -148,9 +148,9 @@ def test_release_is_promoted_only_after_the_gpu_tiers() -> None:
 
 def test_refresh_locks_locks_every_target_and_channel_and_opens_a_pull_request() -> None:
     runs = " ".join(step.get("run", "") for step in _steps(_load(ROOT / ".github/workflows/refresh-locks.yml")))
-    recipes = load_recipes(ROOT / "recipes")
-    assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.targets), list(recipes.targets)
-    assert all(re.search(rf"\b{re.escape(name)}\b", runs) for name in recipes.channels), list(recipes.channels)
+    assert "mapfile -t targets < <(nox -s targets)" in runs, "the targets come from the recipes' one list"
+    assert "mapfile -t channels < <(nox -s targets -- --channels)" in runs
+    assert 'for target in "${targets[@]}"' in runs and 'for channel in "${channels[@]}"' in runs
     assert "nox -s lock" in runs and "gh pr create" in runs
     assert "nox -s lock -- --image" in runs, "the image base is re-pinned too"
 
@@ -171,3 +171,55 @@ def test_refresh_locks_probes_the_fake_upstreams_facts_before_locking() -> None:
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_workflows_default_to_read_only_tokens(path: Path) -> None:
     assert _load(path)["permissions"] == {"contents": "read"}
+
+
+# -- one list: the targets and channels of the workflows are the recipes' (#33) -------------------------
+
+#: A target-shaped word (gfx + digits, then digits, letters or X).
+TARGET_WORD = re.compile(r"\bgfx[0-9][0-9a-zA-Z]*\b")
+
+
+def test_the_release_matrix_is_the_recipes_list_of_targets() -> None:
+    doc = _load(ROOT / ".github/workflows/release.yml")
+    inputs = doc[True]["workflow_dispatch"]["inputs"]
+    assert inputs["targets"]["default"] == "", "no list of targets of its own: empty means every target"
+    plan = " ".join(step.get("run", "") for step in doc["jobs"]["plan"]["steps"])
+    assert 'targets=$(nox -s targets -- --json "${asked[@]}")' in plan
+    recipes = load_recipes(ROOT / "recipes")
+    assert inputs["channel"]["options"] == list(recipes.channels), "a choice input is static: it must match"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda path: path.name)
+def test_no_workflow_names_a_target_the_recipes_do_not_list_or_lists_them_itself(path: Path) -> None:
+    """A target named in a workflow is one of the recipes' (the GPU runner's label, its qualify step); a
+    workflow never spells out the whole list (that is `nox -s targets`)."""
+    targets = set(load_recipes(ROOT / "recipes").targets)
+    named = set(TARGET_WORD.findall(path.read_text()))
+    assert named <= targets, f"{path.name} names {sorted(named - targets)}, which recipes/targets.toml does not"
+    assert len(named) < len(targets) or len(targets) == 1, f"{path.name} spells out every target: {sorted(named)}"
+
+
+def test_the_readme_table_has_a_row_per_target_and_a_column_per_channel() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Targets × channels") :]
+    table = table[: table.index("\n\n", table.index("| target"))]
+    header, _, *rows = table[table.index("| target") :].splitlines()
+    recipes = load_recipes(ROOT / "recipes")
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns[1 : 1 + len(recipes.channels)] == list(recipes.channels), columns
+    assert [row.strip("|").split("|")[0].split("(")[0].strip() for row in rows] == sorted(
+        recipes.targets, key=list(recipes.targets).index
+    ), "one row per target, in the recipes' order"
+
+
+def test_the_targets_verb_prints_the_one_list() -> None:
+    recipes = load_recipes(ROOT / "recipes")
+    run = [sys.executable, "-m", "vllm_bundle", "targets"]
+    listed = subprocess.run([*run, "--json"], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(listed.stdout) == list(recipes.targets)
+    channels = subprocess.run([*run, "--channels"], capture_output=True, text=True, check=True, timeout=60)
+    assert channels.stdout.split() == list(recipes.channels)
+    asked = subprocess.run([*run, "--json", "gfx942", "gfx1151"], capture_output=True, text=True, timeout=60)
+    assert json.loads(asked.stdout) == ["gfx942", "gfx1151"]
+    unknown = subprocess.run([*run, "gfx9"], capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unknown target 'gfx9'; valid targets:")

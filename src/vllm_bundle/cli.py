@@ -487,6 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
     _host_root_option(doctor)
     _recipes_option(doctor, shown=False)
 
+    targets = _verb_parser(
+        verbs,
+        "targets",
+        "list the recipes' targets (or channels): the one list the workflows' matrices come from",
+        build + "cmd_targets",
+    )
+    targets.add_argument("names", nargs="*", metavar="NAME", help="check these and list them (default: every one)")
+    targets.add_argument("--channels", action="store_true", help="list channels instead of targets")
+    targets.add_argument("--json", action="store_true", help="print a JSON list (a workflow matrix)")
+    _recipes_option(targets)
+
     merge = _verb_parser(
         verbs,
         "merge-manifests",

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from vllm_bundle.pipeline.options import cache_of, fetcher_of, locks_dir, policy
 from vllm_bundle.qualify.commands import print_report
 from vllm_bundle.qualify.repro import build_twice, compare_asset_dirs, compare_layouts
 from vllm_bundle.qualify.tier0 import read_report
-from vllm_bundle.recipes import Recipes, Target
+from vllm_bundle.recipes import Recipes, Target, load_recipes
 from vllm_bundle.release.assets import ReleaseOptions, default_repo, source_date_from_env
 from vllm_bundle.tree.stage import StageResult, check_stage_names, exclusive
 from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
@@ -440,4 +441,18 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
     print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
+    return 0
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    """The targets (or ``--channels``, the channels) of the recipes, one per line or as a JSON list: the
+    one list the release and refresh-locks workflows' matrices are made of. Names given are checked and
+    kept in their order (a workflow's ``targets`` input); none: every one, in the recipes' order."""
+    recipes = load_recipes(args.recipes)
+    if args.channels:
+        names = [recipes.channel(name).name for name in args.names] if args.names else list(recipes.channels)
+    else:
+        names = [recipes.target(name).name for name in args.names] if args.names else list(recipes.targets)
+    names = list(dict.fromkeys(names))
+    print(json.dumps(names) if args.json else "\n".join(names))
     return 0
