@@ -22,6 +22,7 @@ from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THE
 from tests.upstream.pypi import ZIGLANG_STAND_IN
 from tests.upstream.real_wheels import real_wheels
 from tests.upstream.server import UpstreamServer
+from vllm_bundle.recipes import load_targets
 
 REPO = Path(__file__).resolve().parent.parent
 # Built things that may outlive a run (the fixture's CPython, the build venv), each keyed by what made
@@ -64,6 +65,17 @@ def no_registry_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         os.environ.pop("REGISTRY_AUTH_FILE", None)
     else:
         os.environ["REGISTRY_AUTH_FILE"] = previous
+
+
+@pytest.fixture(scope="session")
+def code_objects() -> dict[str, bytes]:
+    """Real code objects, by ISA, for every ISA of every target and gfx90a, from the real ziglang's clang
+    (tests/code_objects.py): gfx950's too, which Debian's clang-19 cannot make."""
+    from tests.code_objects import compile_code_objects, real_zig
+
+    isas = {isa for target in load_targets(REPO / "recipes").values() for isa in target.isas} | {"gfx90a"}
+    work = TEST_CACHE / "code-objects"
+    return compile_code_objects(real_zig(TEST_DOWNLOADS, work), isas, work)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from elftools.elf.elffile import ELFFile
 
-from tests.test_qualify import _offload_bundle
+from tests.code_objects import offload_bundle
 from tests.upstream.therock import HIP_RUNTIME_H, host_compiler
 from vllm_bundle.util import offload
 from vllm_bundle.util.offload import bundle_isas, fatbin_isas
@@ -137,16 +137,77 @@ def test_a_section_is_read_to_the_files_end_whatever_size_its_header_claims(
 
 @pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("method", [0, 1], ids=["zlib", "zstd"])
-def test_each_compressed_bundle_format_is_read(version: int, method: int) -> None:
-    plain = _offload_bundle(["gfx90a"])
-    compressed = _compressed([_offload_bundle(["gfx942", "gfx1151"])], version=version, method=method)
+def test_each_compressed_bundle_format_is_read(version: int, method: int, code_objects: dict[str, bytes]) -> None:
+    plain = offload_bundle({"gfx90a": code_objects["gfx90a"]})
+    inner = offload_bundle({isa: code_objects[isa] for isa in ("gfx942", "gfx1151")})
+    compressed = _compressed([inner], version=version, method=method)
     assert bundle_isas(plain + bytes(100) + compressed + b"trailing bytes") == {"gfx90a", "gfx942", "gfx1151"}
 
 
-def test_a_header_of_unknown_origin_is_read_within_bounds() -> None:
+def test_a_header_of_unknown_origin_is_read_within_bounds(code_objects: dict[str, bytes]) -> None:
     """An entry count of 2**64 - 1 stops at the data's end; an id longer than any real one ends the header."""
     entry = b"hipv4-amdgcn-amd-amdhsa--gfx1100"
+    code = code_objects["gfx1100"]
     header = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", 2**64 - 1)
-    entries = struct.pack("<QQQ", 0, 4, len(entry)) + entry + struct.pack("<QQQ", 0, 4, 1 << 40) + entry
-    assert bundle_isas(header + entries) == {"gfx1100"}
-    assert bundle_isas(header + entries[: len(entries) // 2]) == {"gfx1100"}
+    first = struct.pack("<QQQ", 0, len(code), len(entry)) + entry
+    table = first + struct.pack("<QQQ", 0, 4, 1 << 40) + entry
+    at = len(header) + len(table)
+    table = struct.pack("<QQQ", at, len(code), len(entry)) + entry + table[len(first) :]
+    assert bundle_isas(header + table + code) == {"gfx1100"}
+    assert bundle_isas(header + table[: len(table) // 2]) == set(), (
+        "an entry whose code is not there counts for nothing"
+    )
+
+
+# -- an entry counts for its ISA only when it holds that ISA's code object (#33) -------------------------
+
+
+def test_the_machine_table_is_what_a_real_compiler_writes(code_objects: dict[str, bytes]) -> None:
+    """offload.AMDGPU_MACH (LLVM's EF_AMDGPU_MACH_AMDGCN_*) against real code objects of the real
+    ziglang's clang, for every ISA of every target (gfx950 included) and gfx90a."""
+    for isa, code in code_objects.items():
+        assert code[:4] == b"\x7fELF" and struct.unpack_from("<H", code, 18)[0] == offload.EM_AMDGPU, isa
+        assert struct.unpack_from("<I", code, 48)[0] & offload.EF_AMDGPU_MACH == offload.AMDGPU_MACH[isa], isa
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+def test_every_target_isa_is_read_from_its_real_code_object(code_objects: dict[str, bytes], compressed: bool) -> None:
+    bundle = offload_bundle(code_objects)
+    data = _compressed([bundle], version=2, method=1) if compressed else bundle
+    assert bundle_isas(data) == set(code_objects)
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+def test_an_entry_that_is_not_its_isas_code_object_does_not_count(
+    code_objects: dict[str, bytes], compressed: bool
+) -> None:
+    """The id says gfx950; the bytes are gfx942's, a bare ELF magic, a host ELF, nothing, or an AMDGPU
+    ELF of another OS ABI: none passes for gfx950 (a bundle that cannot run there never does)."""
+    gfx942 = code_objects["gfx942"]
+    not_hsa = bytearray(code_objects["gfx950"])
+    not_hsa[7] = 0
+    with open(sys.executable, "rb") as host:
+        host_elf = host.read(4096)
+    for lie in (gfx942, b"\x7fELF", host_elf, b"", bytes(not_hsa)):
+        bundle = offload_bundle({"gfx950": lie, "gfx1151": code_objects["gfx1151"]})
+        data = _compressed([bundle], version=2, method=1) if compressed else bundle
+        assert bundle_isas(data) == {"gfx1151"}, lie[:8]
+
+
+def test_a_compressed_bundle_is_read_to_its_last_code_object_in_bounded_memory(
+    code_objects: dict[str, bytes],
+) -> None:
+    """Code objects far past the inflated head (64 MiB of other code first) are reached by inflating
+    forward, a chunk at a time: given 512 MiB of address space, the reader still checks them."""
+    # first an entry of 64 MiB for an ISA no target has (its bytes are no code object, and never asked for)
+    entries = {"gfx1036": bytes(64 << 20), "gfx950": code_objects["gfx950"], "gfx1201": code_objects["gfx1201"]}
+    data = _compressed([offload_bundle(entries)], version=3, method=0)
+    assert len(data) < 1 << 20
+    script = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT}))\n"
+        "import sys; from vllm_bundle.util.offload import bundle_isas\n"
+        "print(','.join(sorted(bundle_isas(sys.stdin.buffer.read()))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], input=data, capture_output=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.decode().strip() == "gfx1201,gfx950"

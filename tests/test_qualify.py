@@ -8,13 +8,14 @@ import json
 import shutil
 import struct
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 
 import pytest
 import zstandard
 
+from tests.code_objects import offload_bundle
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from vllm_bundle.errors import RecipeError
@@ -280,12 +281,9 @@ def test_qualify_rules_are_type_checked(bundle: Path, locked: Path, tmp_path: Pa
 # -- vLLM's own kernels exist for every ISA of the target -------------------------------------------------
 
 
-def _offload_bundle(isas: list[str]) -> bytes:
-    """A clang offload bundle: a host entry and one (tiny) code object per ISA."""
-    ids = ["host-x86_64-unknown-linux-gnu-", *(f"hipv4-amdgcn-amd-amdhsa--{isa}" for isa in isas)]
-    header = b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(ids))
-    entries = b"".join(struct.pack("<QQQ", 0, 4, len(i)) + i.encode() for i in ids)
-    return header + entries + b"\x7fELF" * len(ids)
+def _offload_bundle(code_objects: Mapping[str, bytes], isas: list[str]) -> bytes:
+    """A clang offload bundle of the real code objects of ``isas`` (tests/code_objects.py)."""
+    return offload_bundle({isa: code_objects[isa] for isa in isas})
 
 
 def _compressed(bundle: bytes) -> bytes:
@@ -310,13 +308,15 @@ def _rerecord(root: Path, *changed: Path) -> None:
     refresh_records(root / SITE, set(changed))
 
 
-def test_vllm_extensions_must_carry_code_for_each_isa(bundle: Path, tmp_path: Path, locked: Path) -> None:
+def test_vllm_extensions_must_carry_code_for_each_isa(
+    bundle: Path, tmp_path: Path, locked: Path, code_objects: dict[str, bytes]
+) -> None:
     extension = bundle / SITE / "vllm" / "_C.abi3.so"
-    _extension_with_fatbin(extension, _offload_bundle(["gfx1100", "gfx1101"]))
+    _extension_with_fatbin(extension, _offload_bundle(code_objects, ["gfx1100", "gfx1101"]))
     _rerecord(bundle, extension)
     result = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
     assert_one_line_error(result, "vllm-device-code", "vllm/_C.abi3.so has no code objects for gfx1151")
-    _extension_with_fatbin(extension, _compressed(_offload_bundle(["gfx1100", "gfx1151"])))
+    _extension_with_fatbin(extension, _compressed(_offload_bundle(code_objects, ["gfx1100", "gfx1151"])))
     _rerecord(bundle, extension)
     passed = qualify(bundle, tmp_path, locked, "--target", "gfx1151")
     assert passed.returncode == 0, passed.stdout + passed.stderr
@@ -373,14 +373,16 @@ def test_a_vllm_version_without_an_extension_rule_fails(bundle: Path, tmp_path: 
     )
 
 
-def test_isas_clang_19_cannot_build_are_read_like_any_other(bundle: Path, tmp_path: Path, locked: Path) -> None:
-    """gfx950 (CDNA4): no bundle of the suite is built for it, but tier 0 reads its code objects the same
-    way, plain and compressed."""
+def test_gfx950_code_objects_from_a_real_compiler_are_read_like_any_other(
+    bundle: Path, tmp_path: Path, locked: Path, code_objects: dict[str, bytes]
+) -> None:
+    """gfx950 (CDNA4): clang-19 cannot make its code, and no bundle of the suite is built for it; tier 0
+    reads real gfx950 code objects (the real ziglang's clang 21), plain and compressed, all the same."""
     for name, fatbin in (
-        ("_C", _offload_bundle(["gfx950"])),
-        ("_C_stable_libtorch", _compressed(_offload_bundle(["gfx942", "gfx950"]))),
-        ("_moe_C_stable_libtorch", _offload_bundle(["gfx950"])),
-        ("_rocm_C", _compressed(_offload_bundle(["gfx950"]))),
+        ("_C", _offload_bundle(code_objects, ["gfx950"])),
+        ("_C_stable_libtorch", _compressed(_offload_bundle(code_objects, ["gfx942", "gfx950"]))),
+        ("_moe_C_stable_libtorch", _offload_bundle(code_objects, ["gfx950"])),
+        ("_rocm_C", _compressed(_offload_bundle(code_objects, ["gfx950"]))),
     ):
         _extension_with_fatbin(bundle / SITE / "vllm" / f"{name}.abi3.so", fatbin)
     _rerecord(bundle, *(bundle / SITE / "vllm").glob("*.so"))
