@@ -277,3 +277,32 @@ def test_a_fact_without_a_commit_is_caught() -> None:
         "rocm-cli PR #111 once saw 404 there",
     ):
         assert not CITATION.search(text) or NOT_A_CITATION.search(text), text
+
+
+# -- every target on every channel that serves it (#33) ----------------------------------------------------
+
+TARGETS = load_recipes(REPO / "recipes").targets
+
+
+@pytest.mark.parametrize("target", [name for name in TARGETS if name != "gfx1151"])  # gfx1151: above
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_every_target_locks_on_every_channel_that_serves_it(
+    channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
+) -> None:
+    """A multi-arch index serves every target: each ISA's SDK and torch device packages are locked. A
+    per-family index serves the families TheRock made one for (facts.toml: none for gfx1150), under
+    their normalized project names (PEP 503: ``rocm-sdk-libraries-gfx110x-all/``); a target it does not
+    serve is one line."""
+    facts = CHANNELS[channel][1]
+    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
+    family = TARGETS[target].legacy_family
+    if facts.layout == "per-family" and family not in facts.families:
+        assert_one_line_error(result, f"TheRock has no per-family index for {family}", "--channel stable")
+        return
+    assert result.returncode == 0, result.stderr
+    packages = _packages(recipes_dir, channel, target)
+    if facts.layout == "per-family":
+        assert f"rocm-sdk-libraries-{family.lower()}" in packages, sorted(packages)
+        return
+    for isa in TARGETS[target].isas:
+        assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= set(packages), (isa, sorted(packages))

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import requests
+from packaging.utils import canonicalize_name
 
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
@@ -67,7 +68,10 @@ def _epoch(stamp: str | None) -> int | None:
 
 
 def project_files(session: requests.Session, index: str, project: str) -> list[IndexFile]:
-    page = index.rstrip("/") + f"/{project}/"
+    """The files of ``project`` on a simple index, at its normalized name's page (PEP 503: a page's URL
+    is the normalized name; TheRock's legacy indexes have ``rocm-sdk-libraries-gfx110x-all/``, never
+    ``…-gfx110X-all/``)."""
+    page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
     check_url(page)
     try:
         response = session.get(page, headers={"Accept": f"{JSON_TYPE}, text/html;q=0.1"})
