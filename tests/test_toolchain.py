@@ -102,8 +102,10 @@ def wrapper_root(where: Path, zig: str = REPORTING_ZIG) -> Path:
     (where / SITE / "ziglang").mkdir(parents=True)
     (where / SITE / ZIG).write_text(zig)
     (where / SITE / ZIG).chmod(0o755)
-    (where / "bin").mkdir()
-    (where / "bin" / f"python{PYTHON_MINOR}").symlink_to(sys.executable)  # the bundle's interpreter
+    (where / "bin").mkdir(exist_ok=True)  # a test's own bundle may have made it
+    python = where / "bin" / f"python{PYTHON_MINOR}"
+    if not python.is_symlink():
+        python.symlink_to(sys.executable)  # the bundle's interpreter
     write_wrapper(where, render_wrapper(PYTHON_MINOR, TARGET))
     return where
 
@@ -331,8 +333,9 @@ def tiny_bundle(tmp_path: Path) -> Iterator[Path]:
     """A bundle of this machine's python (through a link: it finds its prefix from it), its headers and
     the stand-in zig (this machine's cc): what tier 0's relocated compile needs, in milliseconds."""
     root = wrapper_root(tmp_path / "tiny", STAND_IN_ZIG.decode())
-    (root / "bin").mkdir()
-    (root / "bin" / f"python{PYTHON_MINOR}").symlink_to(Path(sys.executable).resolve())
+    python = root / "bin" / f"python{PYTHON_MINOR}"
+    python.unlink()  # the resolved interpreter: it finds its prefix from the link
+    python.symlink_to(Path(sys.executable).resolve())
     (root / "include").mkdir()
     (root / "include" / f"python{PYTHON_MINOR}").symlink_to(sysconfig.get_paths()["include"])
     yield root
