@@ -260,7 +260,7 @@ def _diagnose(root: Path, utilization: float | None = None, environ: dict[str, s
     return diagnose(root, TARGETS, None, utilization, environ or {})
 
 
-@pytest.mark.parametrize("damage", ["missing", "garbage", "directory", "empty"])
+@pytest.mark.parametrize("damage", ["missing", "garbage", "directory", "empty", "huge-number"])
 def test_every_file_of_a_host_may_be_damaged(tmp_path: Path, damage: str) -> None:
     pristine = HOSTS / "strix-halo"
     for number, file in enumerate(sorted(p.relative_to(pristine) for p in pristine.rglob("*") if p.is_file())):
@@ -272,6 +272,8 @@ def test_every_file_of_a_host_may_be_damaged(tmp_path: Path, damage: str) -> Non
             (root / file).mkdir()
         elif damage == "empty":
             (root / file).write_text("")
+        elif damage == "huge-number":  # a number no byte count is, within a page (#32 E6)
+            (root / file).write_text("9" * 4000 + "\n")
         result = _diagnose(root, 0.5)
         assert result and all(isinstance(finding, Finding) for finding in result), file
         render_text(result)

@@ -38,6 +38,8 @@ MEMINFO = Path("proc/meminfo")
 KFD_PROCESSES = Path("sys/class/kfd/kfd/proc")
 #: The partition number the kernel ORs into a partition node's ``location_id`` (at most 8 partitions).
 PARTITION_BITS = 0x7
+#: A byte count the driver prints (``%llu``) has at most 20 digits.
+BYTE_COUNT_DIGITS = 20
 #: ``proc/meminfo`` is a few KiB (one line per counter); sysfs attributes are a page at most.
 MEMINFO_LIMIT = 64 << 10
 #: Where the host's ``sys``, ``proc`` and ``dev`` are read: ``/``, unless this names a captured tree
@@ -153,7 +155,7 @@ def _bytes(path: Path) -> int:
         text = read_small_text(path).strip()
     except OSError as err:
         raise Unreadable(f"cannot read {path}" + (f": {err.strerror}" if err.strerror else f" ({err})")) from None
-    if not text.isascii() or not text.isdigit():
+    if not _is_number(text, BYTE_COUNT_DIGITS):
         raise Unreadable(f"{path} holds no byte count")
     return int(text)
 
@@ -233,4 +235,4 @@ def _process_vram(process: Path, gpu_id: int) -> int:
         text = read_small_text(process / f"vram_{gpu_id}").strip()
     except OSError:
         return 0  # the process does not use this GPU, or has exited
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 0
+    return int(text) if _is_number(text, BYTE_COUNT_DIGITS) else 0
