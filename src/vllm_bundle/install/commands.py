@@ -56,7 +56,7 @@ def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> T
     if args.bundle is not None:
         name = detect_target(args.bundle)
         if name is None:
-            raise RecipeError(f"cannot tell the target of {args.bundle} (no bin/vllm-server of ours)", "pass --target")
+            raise UsageError(f"cannot tell the target of {args.bundle} (no bin/vllm-server of ours)", "pass --target")
     if name is None or name == "auto":
         return None
     if name not in targets:
@@ -95,7 +95,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     source = str(args.source)
     if source.endswith(".json") and Path(source).is_file():
         if target is None:
-            raise RecipeError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
+            raise UsageError(f"{source} pins every target of a release", "pass --target <name> or --target auto")
         release = release_from_pins(Path(source), target, args.mirror)
     else:
         release = release_from_assets(source, policy, targets=load_targets(args.recipes))

@@ -83,7 +83,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
     if args.check:
         return _check_locks(recipes, args, targets)
     if not targets and not args.image:
-        raise RecipeError("lock needs a target (or --image)", f"valid targets: {', '.join(recipes.targets)}")
+        raise UsageError("lock needs a target (or --image)", f"valid targets: {', '.join(recipes.targets)}")
     for target in targets:
         print(_make_lock(recipes, args, target))
     if args.image:
@@ -159,7 +159,7 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
     """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
     if args.vllm:
         if args.offline:
-            raise RecipeError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
+            raise UsageError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
         index = args.pypi_index or recipes.channel(args.channel).pypi_index
         filename = f"vllm-{args.vllm}.tar.gz"
         entry = next((f for f in project_files(fetcher.session, index, "vllm") if f.filename == filename), None)
@@ -241,14 +241,14 @@ def _standalone_wheel(args: argparse.Namespace, recipes: Recipes, target: Target
         result = prebuilt_wheel_stage(wheel, artifact.sha256, base / "vllm-wheel", force=args.force)
     else:
         if not args.python_only:
-            raise RecipeError(
+            raise UsageError(
                 "vllm-wheel builds a Python-only wheel with a given interpreter (to try the patch series)",
                 "pass --python-only; a ROCm build runs in `bundle`, whose site stage is its build environment",
             )
         source, version = _source_stage(args, recipes)
         python = args.python.absolute()
         if not python.exists():
-            raise RecipeError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
+            raise UsageError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
         build = WheelBuild(python, STANDALONE_SOURCE_DATE, rocm=None)
         log = base / "logs" / "vllm-wheel.log"
         result = wheel_stage(target, source, version, build, base / "vllm-wheel", log, force=args.force)
@@ -281,9 +281,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     if wants_image:
         check_target(args.target)  # its KServe names, checked now rather than after the build
     if "image" in args.force_stage and not wants_image:
-        raise RecipeError("--force image redoes the image stage, which runs only with --image", "add --image")
+        raise UsageError("--force image redoes the image stage, which runs only with --image", "add --image")
     if wants_image and args.no_archive:
-        raise RecipeError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
+        raise UsageError("the image needs the release stage (its tag, repo and date)", "drop --no-archive")
     if args.push:
         check_push(args.push)  # a bad destination is refused now, not after the build
     release = None
@@ -316,14 +316,14 @@ def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
     nor the build tree inside a release folder (a release replaces its folder whole)."""
     resolved_tree, resolved_bundles = (build_dir / target).resolve(), bundles_dir.resolve()
     if resolved_bundles.is_relative_to(resolved_tree):
-        raise RecipeError(
+        raise UsageError(
             f"--bundles-dir {bundles_dir} is inside {build_dir / target}, the build tree of {target} "
             f"(its root is archived: the next archive would hold this release)",
             "pass a --bundles-dir outside --build-dir's target folders, e.g. ./bundles beside ./build",
         )
     build = build_dir.resolve()
     if build.is_relative_to(resolved_bundles) and len(build.relative_to(resolved_bundles).parts) >= 2:
-        raise RecipeError(
+        raise UsageError(
             f"--build-dir {build_dir} is inside a release folder of --bundles-dir {bundles_dir} "
             f"(a release replaces its folder whole)",
             "keep the build directory out of the bundles directory's folders, e.g. ./build beside ./bundles",
@@ -415,7 +415,7 @@ def _publish_image(
 
 def cmd_verify_repro(args: argparse.Namespace) -> int:
     if any(arg == "--push" or arg.startswith("--push=") for arg in args.bundle_args):
-        raise RecipeError("verify-repro builds twice and pushes nothing", "drop --push")
+        raise UsageError("verify-repro builds twice and pushes nothing", "drop --push")
     with_image = "--image" in args.bundle_args
     first, second = build_twice([args.target, *args.bundle_args], args.work)
     differences = compare_asset_dirs(first, second)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vllm_bundle.errors import RecipeError
+from vllm_bundle.errors import UsageError
 from vllm_bundle.manifests import detect_target
 from vllm_bundle.qualify.gpu import ServeOptions, merge_into_release, qualify_gpu
 from vllm_bundle.qualify.tier0 import (
@@ -37,7 +37,7 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     with bundle_root(args.bundle) as root:
         name = args.target or detect_target(root)
         if name is None:
-            raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
+            raise UsageError(f"cannot tell the target of {args.bundle}", "pass --target")
         report = qualify_tree(
             root,
             detect_minor(root),
@@ -60,7 +60,7 @@ def cmd_qualify_gpu(args: argparse.Namespace) -> int:
     with bundle_root(args.bundle) as root:
         name = args.target or detect_target(root)
         if name is None:
-            raise RecipeError(f"cannot tell the target of {args.bundle}", "pass --target")
+            raise UsageError(f"cannot tell the target of {args.bundle}", "pass --target")
         log = args.log or Path(f"vllm-server-{name}.log").resolve()
         report = qualify_gpu(root, detect_minor(root), recipes.target(name), args.tiers, options, log)
     path = args.report or Path(f"qualification-gpu-{name}.json")
