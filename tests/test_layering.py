@@ -11,6 +11,7 @@ wrong-way import added.
 from __future__ import annotations
 
 import ast
+import re
 import importlib.metadata
 import shutil
 import tomllib
@@ -179,3 +180,38 @@ def test_a_wrong_way_import_is_caught(tmp_path: Path, module: str, line: str, ex
 def test_a_build_extra_import_on_the_consumer_side_is_caught(tmp_path: Path, module: str, line: str) -> None:
     problems = consumer_uses_build_extra(import_graph(_copy_with(tmp_path, module, line)))
     assert problems == [f"vllm_bundle.{module.replace('/', '.')} imports {line.split()[1].split('.')[0]}"]
+
+
+# -- the release assets' names have one home (#35, point 3) -------------------------------------------------
+
+#: Fragments of a release asset's name: only manifests.py (ReleaseAssets, part_name) may spell them.
+ASSET_NAME = re.compile(r"-x64\b|\.partcount|\.cdx\.json|\.part(\{|[0-9*])")
+
+
+def _strings_in_code(path: Path) -> list[tuple[int, str]]:
+    """Every string constant of a module but its docstrings (module, class, function), with its line."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_release_asset_names_are_spelled_in_manifests_only() -> None:
+    spelled = [
+        f"{path.relative_to(PACKAGE)}:{line}: {text!r}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "manifests.py"
+        for line, text in _strings_in_code(path)
+        if ASSET_NAME.search(text)
+    ]
+    assert spelled == [], "asset names belong to manifests.ReleaseAssets"

@@ -9,6 +9,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,40 @@ MAX_PARTS = 99
 def part_name(stem: str, number: int, count: int) -> str:
     """``<tag>-x64.partNN-of-MM.tar.gz``: what installers ask for, NN and MM two digits, 01-based."""
     return f"{stem}.part{number:02d}-of-{count:02d}.tar.gz"
+
+
+#: A part's name ends so (:func:`part_name`).
+PART_SUFFIX = re.compile(r"\.part[0-9]{2}-of-[0-9]{2}\.tar\.gz$")
+
+
+def is_part(name: str) -> bool:
+    return PART_SUFFIX.search(name) is not None
+
+
+@dataclass(frozen=True)
+class ReleaseAssets:
+    """The names of a release's assets, all made from its tag: the one place they are spelled (the
+    installer contract, DESIGN.md). ``x64``: the architecture installers ask for."""
+
+    tag: str
+
+    @property
+    def stem(self) -> str:
+        return f"{self.tag}-x64"
+
+    @property
+    def partcount(self) -> str:
+        """Holds the number of parts, two digits (also for a single part)."""
+        return f"{self.stem}.partcount"
+
+    @property
+    def sbom(self) -> str:
+        """The CycloneDX SBOM."""
+        return f"{self.stem}.cdx.json"
+
+    def parts(self, count: int) -> list[str]:
+        """The archive's parts, in order: cat them to get the one gzip tarball."""
+        return [part_name(self.stem, number, count) for number in range(1, count + 1)]
 
 
 def sha256sums(directory: Path, names: Sequence[str]) -> bytes:

@@ -33,7 +33,7 @@ import requests
 from filelock import FileLock, Timeout
 
 from vllm_bundle.errors import InstallError, ManifestError, NetworkError
-from vllm_bundle.manifests import RELEASE_JSON, json_kind, part_name, pinned_tag, read_backend_versions
+from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets, json_kind, pinned_tag, read_backend_versions
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
@@ -68,8 +68,8 @@ class Release:
     archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
 
     @property
-    def stem(self) -> str:
-        return f"{self.tag}-x64"
+    def assets(self) -> ReleaseAssets:
+        return ReleaseAssets(self.tag)
 
     def is_url(self) -> bool:
         return urlsplit(self.location).scheme in ("http", "https")
@@ -204,11 +204,11 @@ def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Relea
 
 def part_artifacts(release: Release, policy: RetryPolicy) -> list[Artifact]:
     """Reads ``partcount`` and names every part; each must have a checksum in the manifest."""
-    text = _read_asset(release.location, f"{release.stem}.partcount", policy).decode(errors="replace").strip()
+    text = _read_asset(release.location, release.assets.partcount, policy).decode(errors="replace").strip()
     if not text.isdigit() or not 1 <= int(text) <= 99:
-        raise ManifestError(f"{release.stem}.partcount holds {text[:20]!r}, not a part count")
+        raise ManifestError(f"{release.assets.partcount} holds {text[:20]!r}, not a part count")
     count = int(text)
-    names = [part_name(release.stem, number, count) for number in range(1, count + 1)]
+    names = release.assets.parts(count)
     unknown = [name for name in names if name not in release.checksums]
     if unknown or len(release.checksums) != count:
         raise ManifestError(

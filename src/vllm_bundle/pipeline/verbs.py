@@ -24,7 +24,7 @@ from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
 from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
-from vllm_bundle.manifests import check_repo, dump_json, merge_backend_versions, read_backend_versions
+from vllm_bundle.manifests import ReleaseAssets, check_repo, dump_json, merge_backend_versions, read_backend_versions
 from vllm_bundle.oci.image import (
     LAYOUT,
     ImageRecipe,
@@ -404,7 +404,7 @@ def _publish_image(
         sent = f"{result.uploaded} blob{'' if result.uploaded == 1 else 's'} sent, {result.skipped} already there"
         print(f"pushed {result.reference}@{result.digest} ({sent})")
         subject = Descriptor(MANIFEST, digest, int(record["size"]))
-        sbom = release_dir / f"{tag}-x64.cdx.json"
+        sbom = release_dir / ReleaseAssets(tag).sbom
         attached = push_referrer(client, destination.repository, subject, CYCLONEDX, sbom, str(record["created"]))
         print(f"sbom   {sbom.name} attached to the image as {attached}")
         reference = f"{result.reference}@{result.digest}"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from vllm_bundle.errors import BundleError
+from vllm_bundle.manifests import is_part
 from vllm_bundle.oci.layout import LAYER_NAME, read_layout
 from vllm_bundle.util.tarstream import StreamTar
 
@@ -71,8 +72,8 @@ def compare_asset_dirs(first: Path, second: Path) -> list[str]:
     for name in names_a:
         if not filecmp.cmp(first / name, second / name, shallow=False):  # block by block: parts weigh GBs
             differences.append(name)
-    parts_a = sorted(p for p in first.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
-    parts_b = sorted(p for p in second.iterdir() if ".part" in p.name and p.name.endswith(".tar.gz"))
+    parts_a = sorted(p for p in first.iterdir() if is_part(p.name))
+    parts_b = sorted(p for p in second.iterdir() if is_part(p.name))
     if any(p.name in differences for p in parts_a):
         detail = first_difference(parts_a, parts_b) or "the archives hold the same members; the compression differs"
         differences = [f"{names}: {detail}" if ".part" in names else names for names in differences]

@@ -33,7 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from vllm_bundle.errors import MalformedRecordError, QualificationError, RecipeError
-from vllm_bundle.manifests import dump_json
+from vllm_bundle.manifests import dump_json, is_part
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
@@ -498,7 +498,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
     if source.is_dir() and (source / "bin").is_dir():
         yield source
         return
-    parts = sorted(source.glob("*.part*-of-*.tar.gz")) if source.is_dir() else [source]
+    parts = sorted(p for p in source.iterdir() if is_part(p.name)) if source.is_dir() else [source]
     if not parts or not all(part.is_file() for part in parts):
         raise QualificationError(f"{source} is neither a bundle tree nor an archive or a directory of parts")
     with tempfile.TemporaryDirectory(prefix="vllm-bundle-qualify-") as tmp:

@@ -26,6 +26,7 @@ from vllm_bundle.manifests import (
     DEFAULT_PART_SIZE,
     RELEASE_JSON,
     REPO_ENV,
+    ReleaseAssets,
     backend_versions,
     dump_json,
     release_tag,
@@ -109,7 +110,7 @@ def release_stage(
     theirs later, see :mod:`vllm_bundle.qualify.gpu`); ``vllm_build`` says how vLLM was built (its
     device; for ROCm, the ISAs each extension carries code for)."""
     tag = release_tag(vllm_version, lock.versions["rocm"], target)
-    stem = f"{tag}-x64"
+    assets = ReleaseAssets(tag)
     date = source_date(lock, options.source_date)
     lock_hash = file_digest(*lock_paths(locks_dir, lock.channel, target))
     versions = {**lock.versions, "vllm": vllm_version}
@@ -129,13 +130,13 @@ def release_stage(
 
     def build(tmp: Path) -> Mapping[str, Any]:
         parts, size, digest = write_archive(
-            root.path, tmp, stem, date, part_size=options.part_size, level=options.level
+            root.path, tmp, assets.stem, date, part_size=options.part_size, level=options.level
         )
-        (tmp / f"{stem}.partcount").write_text(f"{len(parts):02d}")
+        (tmp / assets.partcount).write_text(f"{len(parts):02d}")
         artifact_hashes = {
             role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
         }
-        (tmp / f"{stem}.cdx.json").write_bytes(
+        (tmp / assets.sbom).write_bytes(
             build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes, date=date)
         )
         part_entries = [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in parts]
