@@ -11,8 +11,8 @@ wrong-way import added.
 from __future__ import annotations
 
 import ast
-import re
 import importlib.metadata
+import re
 import shutil
 import tomllib
 from pathlib import Path
