@@ -174,10 +174,8 @@ def test_in_github_actions_each_stage_is_a_group(
 
 
 def _usage_cases(tmp_path: Path) -> dict[str, list[str]]:
-    """Command lines whose options conflict (or lack one), each refused before any work."""
-    (tmp_path / "not-a-bundle" / "bin").mkdir(parents=True)
-    pins = tmp_path / "backend_versions.json"
-    pins.write_text("{}")
+    """Command lines whose options conflict (or lack one), each refused before any work; the files they
+    name are made by the test."""
     build = ("--build-dir", str(tmp_path / "build"))
     return {
         "lock without a target": ["lock"],
@@ -187,30 +185,27 @@ def _usage_cases(tmp_path: Path) -> dict[str, list[str]]:
             *("bundle", "gfx1151", *build, "--repo", "o/r", "--bundles-dir", str(tmp_path / "build" / "gfx1151" / "b")),
         ],
         "verify-repro --push": ["verify-repro", "gfx1151", "--push", "ghcr.io/o/r"],
-        "install pins without --target": ["install", str(pins), "--dest", str(tmp_path / "d")],
+        "install pins without --target": [
+            "install",
+            str(tmp_path / "backend_versions.json"),
+            "--dest",
+            str(tmp_path / "d"),
+        ],
         "doctor --bundle not ours": ["doctor", "--bundle", str(tmp_path / "not-a-bundle")],
         "qualify a tree of no target": ["qualify", str(tmp_path / "not-a-bundle")],
         "patch --vllm --offline": ["patch", "gfx1151", "--vllm", "0.33.0", "--offline", *build],
     }
 
 
-CASES = [
-    "lock without a target",
-    "--force image without --image",
-    "--image with --no-archive",
-    "--bundles-dir inside the build tree",
-    "verify-repro --push",
-    "install pins without --target",
-    "doctor --bundle not ours",
-    "qualify a tree of no target",
-    "patch --vllm --offline",
-]
+CASES = list(_usage_cases(Path("/")))
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_conflict_of_options_is_a_usage_error(case: str, tmp_path: Path) -> None:
     """Exit 2 either way; the class (shown with --debug, and what a caller of the library catches) says
     the command line is wrong, not a recipe."""
+    (tmp_path / "not-a-bundle" / "bin").mkdir(parents=True)
+    (tmp_path / "backend_versions.json").write_text("{}")
     result = run_cli(*_usage_cases(tmp_path)[case], "--debug")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "vllm_bundle.errors.UsageError:" in result.stderr, result.stderr[-2000:]
