@@ -71,9 +71,12 @@ def fetch(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite; extra arguments go to pytest."""
+    """The test suite, in three workers (pytest-xdist; the suite mostly waits on servers and child
+    processes, so three keep two cores busy); each test module stays in one worker, which makes its
+    module-scoped builds once. Extra arguments go to pytest: `-- -m "not slow"` is the quick tier,
+    `-- -n 0` runs in one process."""
     _install(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "--numprocesses=3", "--dist=loadscope", *session.posargs)
 
 
 @nox.session

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from filelock import FileLock
 from platformdirs import user_cache_dir
 
 from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_NEXT, Fixture, build_fixture
@@ -37,6 +38,32 @@ POISON_CMAKE = """#!/bin/sh
 echo "error: a host cmake was run ($0 $*): the tests run with no host cmake, builds use the locked one" >&2
 exit 1
 """
+
+
+# -- the quick tier, and several workers ----------------------------------------------------------------
+
+# Fixtures that stand for a slow thing: the fake upstream (built, served, locked against), real builds,
+# real downloads and compilers. A test that uses one (directly or through another fixture) is marked
+# ``slow``; `nox -s tests -- -m "not slow"` runs the rest, the quick tier (README, "Tests").
+SLOW_FIXTURES = frozenset(
+    {"fixture_tree", "_server", "upstream", "locked", "built", "code_objects", "vllm_sdist", "build_python"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@contextmanager
+def one_worker_at_a_time(built: Path) -> Iterator[None]:
+    """Hold the lock of ``built``, a thing the suite makes once in TEST_CACHE: the workers of a
+    ``pytest -n`` run share that cache, so one makes it and the others wait, then reuse it."""
+    built.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{built}.lock"):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,7 +102,8 @@ def code_objects() -> dict[str, bytes]:
 
     isas = {isa for target in load_targets(REPO / "recipes").values() for isa in target.isas} | {"gfx90a"}
     work = TEST_CACHE / "code-objects"
-    return compile_code_objects(real_zig(TEST_DOWNLOADS, work), isas, work)
+    with one_worker_at_a_time(work):
+        return compile_code_objects(real_zig(TEST_DOWNLOADS, work), isas, work)
 
 
 @pytest.fixture(scope="session")
@@ -310,6 +338,13 @@ def build_python() -> Path:
     key = hashlib.sha256(json.dumps([sys.version, requirements]).encode()).hexdigest()[:12]
     venv = TEST_CACHE / f"build-venv-{key}"
     python = venv / "bin" / "python"
+    with one_worker_at_a_time(venv):
+        _make_build_venv(venv, requirements)
+    return python
+
+
+def _make_build_venv(venv: Path, requirements: list[str]) -> None:
+    python = venv / "bin" / "python"
     if not (venv / ".complete").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -317,7 +352,6 @@ def build_python() -> Path:
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements], check=True
         )
         (venv / ".complete").touch()
-    return python
 
 
 # -- whole bundles -------------------------------------------------------------------------------------

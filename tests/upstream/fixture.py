@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import html
 import json
+import os
 import platform
 import posixpath
 import shutil
@@ -41,6 +42,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock
 from packaging.utils import canonicalize_name
 
 from vllm_bundle.inputs.facts import IndexFacts
@@ -302,22 +304,32 @@ def _builder_digest() -> str:
     return digest.hexdigest()[:16]
 
 
+def _make_python_tarball(fx: Fixture, tarball: Path) -> None:
+    work = fx.root / "_work" / "python"
+    shutil.rmtree(work, ignore_errors=True)
+    _python_tree(work)
+    make_tarball_from_tree(tarball, work)
+    shutil.rmtree(work)
+
+
 def _python_tarball(fx: Fixture, cache: Path | None) -> None:
     fx.python_asset = FACTS.cpython.asset_name(PYTHON_VERSION, PYTHON_RELEASE, PYTHON_TRIPLE, "install_only_stripped")
     tarball = fx.releases / fx.python_asset
-    cached = cache / f"{fx.python_asset}.{_builder_digest()}" if cache else None
-    if cached and cached.exists():
-        fx.releases.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(cached, tarball)
+    if cache is None:
+        _make_python_tarball(fx, tarball)
     else:
-        work = fx.root / "_work" / "python"
-        shutil.rmtree(work, ignore_errors=True)
-        _python_tree(work)
-        make_tarball_from_tree(tarball, work)
-        shutil.rmtree(work)
-        if cached:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(tarball, cached)
+        # The suite's workers (pytest-xdist) share the cache: one makes the tarball, the others wait for
+        # it; it appears under its name only whole (os.replace), so a worker never copies half of one.
+        cached = cache / f"{fx.python_asset}.{_builder_digest()}"
+        cache.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{cached}.lock"):
+            if not cached.exists():
+                _make_python_tarball(fx, tarball)
+                shutil.copyfile(tarball, f"{cached}.partial")
+                os.replace(f"{cached}.partial", cached)
+        fx.releases.mkdir(parents=True, exist_ok=True)
+        if not tarball.exists():
+            shutil.copyfile(cached, tarball)
     other = fx.releases / FACTS.cpython.asset_name(PYTHON_VERSION, PYTHON_RELEASE, PYTHON_TRIPLE, "install_only")
     shutil.copyfile(tarball, other)
     sums = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}" for p in sorted([tarball, other])]
