@@ -42,14 +42,14 @@ LAUNCHER = "/opt/vllm/bin/vllm-server"
 # -- fixtures ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
     server = RegistryServer(tmp_path_factory.mktemp("registry")).start()
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def base_published(registry: RegistryServer, built: Path, tmp_path_factory: pytest.TempPathFactory) -> RegistryServer:
     """The fake UBI base, pushed by skopeo to the loopback registry as ubi10/ubi-minimal:latest."""
     layout = write_base_layout(tmp_path_factory.mktemp("base") / "layout", built / TARGET / "root")
@@ -63,7 +63,7 @@ def image_args(locked: Path, upstream: UpstreamServer, registry: RegistryServer,
     return ["image", *args[1:], "--registry-mirror", registry.host]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def repro(
     locked: Path, _server: UpstreamServer, base_published: RegistryServer, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
@@ -74,7 +74,7 @@ def repro(
     return result, work / "runs"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image_dir(repro: tuple[subprocess.CompletedProcess[str], Path]) -> Path:
     result, runs = repro
     assert result.returncode == 0, result.stdout + result.stderr

@@ -71,7 +71,7 @@ def _prepare(version: str, sdist: Path, work: Path) -> Release:
     return release
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def matrix(vllm_sdist: VllmSdists, build_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Release]:
     work = tmp_path_factory.mktemp("matrix")
     sdists = vllm_sdist.many(SUPPORTED)

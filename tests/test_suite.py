@@ -1,0 +1,64 @@
+"""The suite's own shape (#35, point 5): the quick tier is chosen from the fixtures a test uses, and a
+fixture that lives for the whole run lives in conftest.py, where every module and worker can see it."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+TESTS = REPO / "tests"
+
+
+def _fixture_scopes(module: Path) -> dict[str, str]:
+    """Each fixture defined in ``module`` -> its scope ("function" when none is given)."""
+    scopes = {}
+    for node in ast.walk(ast.parse(module.read_text())):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for decorator in node.decorator_list:
+            call = decorator if isinstance(decorator, ast.Call) else None
+            target = call.func if call else decorator
+            if ast.unparse(target) != "pytest.fixture":
+                continue
+            scope = next((k.value for k in call.keywords if k.arg == "scope"), None) if call else None
+            scopes[node.name] = ast.literal_eval(scope) if scope is not None else "function"
+    return scopes
+
+
+def test_session_fixtures_live_in_conftest() -> None:
+    """A session fixture in a test module is built once per worker that runs that module and is seen by
+    no other module: it says "shared" and is not. Such a fixture is module-scoped, or moves to conftest."""
+    misplaced = [
+        f"{module.name}::{name}"
+        for module in sorted(TESTS.glob("test_*.py"))
+        for name, scope in _fixture_scopes(module).items()
+        if scope == "session"
+    ]
+    assert misplaced == []
+    assert _fixture_scopes(TESTS / "conftest.py")["built"] == "session", "the check reads scopes"
+
+
+def _collected(*args: str) -> set[str]:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
+    return {line for line in listed.stdout.splitlines() if "::" in line}
+
+
+def test_the_quick_tier_is_chosen_by_the_fixtures_a_test_uses() -> None:
+    """`-m "not slow"` leaves out a test that uses the fake upstream through another fixture (``built``
+    asks for ``locked``, which asks for ``_server``) and keeps one that needs nothing slow."""
+    files = ["tests/test_fsutil.py", "tests/test_bundle.py"]
+    everything, quick = _collected(*files), _collected(*files, "-m", "not slow")
+    assert "tests/test_bundle.py::test_moved_bundle_runs_with_an_empty_environment" in everything - quick
+    assert {test for test in everything if test.startswith("tests/test_fsutil.py::")} <= quick
+    assert any(test.startswith("tests/test_bundle.py::test_unsafe_python_tarball_is_refused[") for test in quick)
