@@ -38,12 +38,19 @@ CHANNELS = {
 
 
 def _lock(
-    upstream: UpstreamServer, recipes: Path, channel: str, cache: Path, index: str = "", target: str = "gfx1151"
+    upstream: UpstreamServer,
+    recipes: Path,
+    channel: str,
+    cache: Path,
+    index: str = "",
+    target: str = "gfx1151",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return run_cli(
         *("lock", target, "--channel", channel, "--recipes", recipes, "--cache-dir", cache, "--plain"),
         *("--therock-index", f"{upstream.url}/{index or CHANNELS[channel][0]}/"),
         *("--pypi-index", f"{upstream.url}/{PYPI}/", "--mirror", f"{upstream.url}/releases/"),
+        env=env,
     )
 
 
@@ -222,12 +229,15 @@ def test_device_wheels_require_their_parents_the_index_has(fixture_tree: Fixture
         assert "Requires-Dist" not in meta, f"{sdk}: TheRock's templates declare no requirements"
 
 
+@pytest.mark.parametrize("terminal", [{}, {"COLUMNS": "40"}, {"FORCE_COLOR": "1"}], ids=["plain", "narrow", "color"])
 def test_a_missing_family_package_is_one_line_naming_it(
-    upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
+    terminal: dict[str, str], upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """TheRock#6223 published a torch whose gfx11 device bundle was missing from the index."""
+    """TheRock#6223 published a torch whose gfx11 device bundle was missing from the index. The lock
+    tells it from uv's explanation, which uv wraps at ``$COLUMNS`` and colours when asked (a CI's
+    ``FORCE_COLOR``): the same line whatever the caller's terminal says."""
     upstream.inject(f"/{THEROCK_MULTI_ARCH}/amd-torch-device-gfx11/", Fault("status", times=None, status=403))
-    result = _lock(upstream, recipes_dir, "frozen-7.14", tmp_path / "cache")
+    result = _lock(upstream, recipes_dir, "frozen-7.14", tmp_path / "cache", env=terminal)
     assert_one_line_error(result, "amd-torch-device-gfx11", "TheRock#6223")
 
 

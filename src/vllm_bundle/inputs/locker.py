@@ -243,11 +243,18 @@ def run_uv_compile(
         *(["--constraints", str(constraints)] if constraints else []),
         *(["--no-deps"] if no_deps else []),
     ]
-    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
-    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=_uv_environment())
     if result.returncode != 0:
         sys.stderr.write(result.stderr)
         raise _resolution_error(result.stderr, recipes, where)
+
+
+def _uv_environment() -> dict[str, str]:
+    """The caller's environment, but uv's explanation in plain, unwrapped lines, which
+    ``_resolution_error`` reads: uv wraps it at ``$COLUMNS`` and colours it under ``FORCE_COLOR`` or
+    ``CLICOLOR_FORCE`` (a CI's setting), which would hide the package it names."""
+    env = {k: v for k, v in os.environ.items() if k not in {"COLUMNS", "FORCE_COLOR", "CLICOLOR_FORCE"}}
+    return {**env, "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"}
 
 
 def _resolution_error(stderr: str, recipes: Recipes, where: str) -> LockError:
