@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -108,7 +109,24 @@ def code_objects() -> dict[str, bytes]:
 
 @pytest.fixture(scope="session")
 def fixture_tree(tmp_path_factory: pytest.TempPathFactory) -> Fixture:
-    root = tmp_path_factory.mktemp("upstream")
+    """The fake upstream's files, built once per run: under pytest-xdist the first worker builds them
+    into the run's shared temporary directory and the others wait, then read what it recorded. Each
+    worker serves the tree with a server of its own (``_server``: its faults and request log are its
+    own); tests that add files put them under names of their own."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _build_fixture_tree(tmp_path_factory.mktemp("upstream"))
+    shared = tmp_path_factory.getbasetemp().parent  # the run's directory, above each worker's own
+    record = shared / "upstream.pickle"
+    with FileLock(f"{record}.lock"):
+        if not record.exists():  # (a worker whose build failed left no record: build it anew)
+            shutil.rmtree(shared / "upstream", ignore_errors=True)
+            record.write_bytes(pickle.dumps(_build_fixture_tree(shared / "upstream")))
+    fixture: Fixture = pickle.loads(record.read_bytes())
+    return fixture
+
+
+def _build_fixture_tree(root: Path) -> Fixture:
+    root.mkdir(parents=True, exist_ok=True)
     real = real_wheels(TEST_DOWNLOADS, CP, root / "_real")
     return build_fixture(root, real, cache=TEST_CACHE / "fixture")
 
@@ -349,7 +367,18 @@ def _make_build_venv(venv: Path, requirements: list[str]) -> None:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements], check=True
+            # --no-compile: torch's bytecode would take twice the time of the install itself
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-compile",
+                *requirements,
+            ],
+            check=True,
         )
         (venv / ".complete").touch()
 
