@@ -13,7 +13,7 @@ import sys
 import tarfile
 import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import SimpleHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from tests import host_trees
 from tests.conftest import REPO, as_a_user, assert_one_line_error, run_cli
+from tests.upstream.server import LoopbackServer
 from vllm_bundle.install.doctor import Finding, diagnose, render_json, render_text
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
@@ -349,7 +350,7 @@ def served_release(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = LoopbackServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

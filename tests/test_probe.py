@@ -13,7 +13,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,7 +27,7 @@ from tests.upstream.fixture import (
     THEROCK_NIGHTLY,
     THEROCK_PER_FAMILY,
 )
-from tests.upstream.server import Fault, UpstreamServer
+from tests.upstream.server import Fault, LoopbackServer, UpstreamServer
 from vllm_bundle.inputs import remote_wheel
 from vllm_bundle.inputs.remote_wheel import open_wheel
 from vllm_bundle.util.transport import RetryPolicy, make_session
@@ -230,7 +230,7 @@ class _Hostile(BaseHTTPRequestHandler):
 def hostile() -> Iterator[str]:
     """A loopback host that answers as :class:`_Hostile` says; its URL."""
     _Hostile.stop = threading.Event()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server = LoopbackServer(("127.0.0.1", 0), _Hostile)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -325,7 +325,7 @@ def test_a_wheel_member_larger_than_an_answer_may_be_is_read_in_ranges_that_are_
         archive.writestr("pkg/lib.so", member)
     _Ranges.body = buffer.getvalue()
     monkeypatch.setattr(remote_wheel, "MOST", 1 << 20)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ranges)
+    server = LoopbackServer(("127.0.0.1", 0), _Ranges)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -24,13 +24,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
 import requests
 
 from vllm_bundle.util.transport import free_port
+
+from .server import LoopbackServer
 
 REGISTRY_BINARIES = ("docker-registry", "registry")
 INSTALL_HINT = "install Debian's docker-registry and skopeo (apt-get install docker-registry skopeo; .ci/run does)"
@@ -172,7 +174,7 @@ class RegistryProxy(BaseHTTPRequestHandler):
 @contextmanager
 def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """``handler`` served on a free loopback port; yields its host:port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = LoopbackServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,18 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """A test's HTTP server on loopback. Clients in the tests cut connections on purpose (a killed
+    download, a deadline given up on): such a cut is the test's business, not a traceback on the run's
+    stderr, where pytest-xdist's workers would print it among the results."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -60,7 +73,7 @@ class UpstreamServer:
     missing_status: dict[str, int] = field(default_factory=dict)  # path prefix -> status for what is not there
     in_flight: int = 0  # bodies being sent now
     most_in_flight: int = 0  # the most bodies sent at once since the last reset
-    httpd: ThreadingHTTPServer | None = None
+    httpd: LoopbackServer | None = None
     _thread: threading.Thread | None = None
 
     # -- control -----------------------------------------------------------------------------
@@ -70,8 +83,7 @@ class UpstreamServer:
         if not self.missing_status and statuses.is_file():
             self.missing_status = json.loads(statuses.read_text())
         handler = type("Handler", (_Handler,), {"upstream": self})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = LoopbackServer(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
         return self
