@@ -20,7 +20,9 @@ from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from vllm_bundle.errors import RecipeError
 from vllm_bundle.qualify.tier0 import manylinux_libraries
+from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.records import read_record, refresh_records, verify_records
+from vllm_bundle.tree.vllm_extensions import extension_problems
 from vllm_bundle.util.elf import set_runpath
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
@@ -323,6 +325,44 @@ def test_vllm_extensions_must_carry_code_for_each_isa(
     report = json.loads((tmp_path / "report.json").read_text())
     (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
     assert check["passed"] and "7 vLLM extensions present; 4 carry code for gfx1151" in check["summary"]
+
+
+RECIPES = load_recipes(Path(__file__).resolve().parents[1] / "recipes")
+RULE_0_33 = RECIPES.vllm.extension_rule("0.33.0")
+
+
+def _extensions(where: Path, code_objects: Mapping[str, bytes], isas: Mapping[str, list[str]]) -> dict[str, Path]:
+    """vLLM 0.33.0's native extensions in ``where``: each HIP one with the code objects of ``isas[name]``."""
+    where.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for name in RULE_0_33.names:
+        found[name] = where / f"{name}.abi3.so"
+        fatbin = _offload_bundle(code_objects, isas[name]) if name in RULE_0_33.device_code else b""
+        _extension_with_fatbin(found[name], fatbin)
+    return found
+
+
+@pytest.mark.parametrize("target", sorted(RECIPES.targets))
+def test_each_hip_extension_must_carry_code_for_every_isa_of_its_target(
+    target: str, code_objects: dict[str, bytes], tmp_path: Path
+) -> None:
+    """What vLLM 0.33.0 builds per ISA (test_upstream_facts.py reads its CMakeLists.txt): every HIP
+    extension is compiled for every ISA of the build, CDNA and RDNA alike, and the ISA-gated kernels
+    (Octave KV for gfx942/gfx1100, fused KDA for gfx942/gfx950) are sources inside those extensions, not
+    extensions of their own. So a bundle lacking one ISA of its target in one extension fails, naming
+    both, on every target; and nothing of another family is asked for (a gfx942 bundle carries no RDNA
+    code, an RDNA one no CDNA code, and both pass)."""
+    isas = list(RECIPES.targets[target].isas)
+    whole = _extensions(tmp_path / "whole", code_objects, dict.fromkeys(RULE_0_33.device_code, isas))
+    assert extension_problems(whole, RULE_0_33, isas)[0] == []
+    for lost in isas:
+        name = RULE_0_33.device_code[isas.index(lost) % len(RULE_0_33.device_code)]
+        kept = [isa for isa in isas if isa != lost]
+        carried = {**dict.fromkeys(RULE_0_33.device_code, isas), name: kept}
+        found = _extensions(tmp_path / f"without-{lost}", code_objects, carried)
+        problems, _ = extension_problems(found, RULE_0_33, isas)
+        has = ", ".join(sorted(kept)) or "none"
+        assert problems == [f"vllm/{name}.abi3.so has no code objects for {lost} (it has {has})"]
 
 
 def _drop_extension(root: Path) -> None:

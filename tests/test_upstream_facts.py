@@ -462,6 +462,42 @@ def test_vllm_0_33_rocm_build_facts(vllm_sdist: VllmSdists) -> None:
     assert "-ffile-prefix-map" not in setup + texts["CMakeLists.txt"], "no prefix maps of its own"
 
 
+def _conditions_around(cmake: str) -> dict[str, list[str]]:
+    """Each ``define_extension_target`` of a CMake file -> the ``if(...)`` conditions it sits inside."""
+    around: dict[str, list[str]] = {}
+    stack: list[str] = []
+    lines = cmake.splitlines()
+    for number, line in enumerate(lines):
+        code = line.split("#", 1)[0].strip()
+        if re.match(r"if\s*\(", code):
+            stack.append(code)
+        elif re.match(r"endif\s*\(", code):
+            stack.pop()
+        elif code.startswith("define_extension_target("):
+            name = (code.removeprefix("define_extension_target(").strip() or lines[number + 1].strip()).split()[0]
+            around[name] = list(stack)
+    return around
+
+
+def test_vllm_0_33_builds_each_hip_extension_for_every_isa(vllm_sdist: VllmSdists) -> None:
+    """What vLLM 0.33.0's CMakeLists.txt builds per ISA, which tier 0's requirement follows
+    (components.toml ``device-code``; test_qualify.py): each HIP extension for every ISA of the build
+    (``ARCHITECTURES ${VLLM_GPU_ARCHES}``), none of them inside a condition on an ISA; the ISA-gated
+    kernels are sources added to those extensions (Octave KV when the list has gfx942 or gfx1100, fused
+    KDA decode for gfx942/gfx950 and its chunk kernel for gfx950)."""
+    cmake = _sdist_texts(vllm_sdist("0.33.0"), "0.33.0", {"CMakeLists.txt"})["CMakeLists.txt"]
+    rule = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0")
+    around = _conditions_around(cmake)
+    for name in rule.device_code:
+        block = re.search(rf"define_extension_target\(\s*{name}\s(.*?)\)", cmake, re.S)
+        assert block and "ARCHITECTURES ${VLLM_GPU_ARCHES}" in block[1], name
+        assert not [c for c in around.get(name, []) if "gfx" in c], f"{name} is built only for some ISAs"
+    assert 'if(VLLM_GPU_ARCHES MATCHES "gfx942|gfx1100")' in cmake and '"csrc/attention/octave_attn.cu"' in cmake
+    assert 'list(FILTER FUSED_KDA_DECODE_HIP_ARCHS INCLUDE REGEX "gfx942|gfx950")' in cmake
+    assert 'list(FILTER FUSED_KDA_CHUNK_HIP_ARCHS INCLUDE REGEX "gfx950")' in cmake
+    assert 'list(APPEND VLLM_STABLE_EXT_SRC "${FUSED_KDA_DECODE_HIP_SRC}")' in cmake, "inside _C_stable_libtorch"
+
+
 def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_packages(
     built: Path, fixture_tree: Fixture, tmp_path: Path
 ) -> None:
