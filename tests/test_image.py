@@ -266,8 +266,16 @@ def test_push_then_pull_back_with_skopeo_gives_the_same_image(
     for path in (pulled / "blobs" / "sha256").iterdir():
         assert path.read_bytes() == blob(image_dir / "oci", path.name).read_bytes()
 
-    again = run_cli(*args, timeout=600)
+    # The push takes the image's tag and digest from the image stage's result, not from image.json on
+    # disk (#35, point 3): without the file a push of the cached stage is the same.
+    record = image_dir / "image.json"
+    record.rename(record.with_name("image.json.away"))
+    try:
+        again = run_cli(*args, timeout=600)
+    finally:
+        record.with_name("image.json.away").rename(record)
     assert again.returncode == 0, again.stderr
+    assert f"pushed {registry.host}/example/vllm-rocm:{tag}@{digest}" in again.stdout
     assert f"(0 blobs sent, {len(manifest['layers']) + 1} already there)" in again.stdout
     assert "push sha256:" not in again.stderr
 

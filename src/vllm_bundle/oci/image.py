@@ -37,7 +37,7 @@ from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import RetryPolicy
 
-STAGE_VERSION = 2
+STAGE_VERSION = 3  # 3: the stamp's details hold the whole image record
 RECIPE = "image.toml"
 BASE_LOCK = "image-base.json"
 LAYOUT = "oci"
@@ -299,13 +299,14 @@ def image_stage(
             "created": spec.annotations["org.opencontainers.image.created"],
         }
         (tmp / IMAGE_JSON).write_bytes(dump_json(record))
-        return {"tag": spec.tag, "digest": manifest.digest}
+        return record  # kept in the stamp: the push reads it from the stage's result, not image.json
 
     return run_stage(out, "image", STAGE_VERSION, inputs, build, force=force)
 
 
 def read_image_record(image_dir: Path) -> dict[str, Any]:
-    """image.json of an image stage's output: tag, digest, size, vLLM version."""
+    """image.json of an image stage's output: tag, digest, size, vLLM version (for a build run by another
+    process, as verify-repro's; a build in this one has them in its stage result, BundleRun.image)."""
     return read_json(image_dir / IMAGE_JSON)
 
 

@@ -10,9 +10,10 @@ is skipped and a changed input redoes only the stages that depend on it. ``--for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -50,6 +51,7 @@ class BundleRun:
     release_dir: Path | None = None
     report: Path | None = None
     image_dir: Path | None = None
+    image: Mapping[str, Any] | None = None  # the image stage's record: tag, digest, size, vllm, created
     tag: str = ""
 
     @property
@@ -225,7 +227,7 @@ def build_bundle(
             )
             layers = image.recipe.layers
             built = step(image_stage(root, image.base, spec, layers, release.level, base / "image", "image" in force))
-            run.image_dir = built.path
+            run.image_dir, run.image = built.path, built.details
     return run
 
 

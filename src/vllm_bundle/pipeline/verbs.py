@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from vllm_bundle.errors import (
     LockError,
@@ -380,18 +382,23 @@ def _build(
         print_report(read_report(run.report), run.report)
     for line in summary_lines(run):
         print(line)
-    if run.image_dir is not None and image is not None and release is not None:
+    if run.image_dir is not None and run.image is not None and image is not None and release is not None:
         assert run.release_dir is not None  # the image stage runs after the release stage
-        _publish_image(args, recipes, run.image_dir, run.release_dir, image.recipe, release.repo)
+        _publish_image(args, recipes, run.image_dir, run.image, run.release_dir, image.recipe, release.repo)
     return 0
 
 
 def _publish_image(
-    args: argparse.Namespace, recipes: Recipes, image_dir: Path, release_dir: Path, recipe: ImageRecipe, repo: str
+    args: argparse.Namespace,
+    recipes: Recipes,
+    image_dir: Path,
+    record: Mapping[str, Any],
+    release_dir: Path,
+    recipe: ImageRecipe,
+    repo: str,
 ) -> None:
     """Push the image (with --push) with the bundle's SBOM attached, and render the KServe manifests
-    for it, pinned by digest."""
-    record = read_image_record(image_dir)
+    for it, pinned by digest. ``record``: the image stage's (tag, digest, size, vLLM version, date)."""
     tag, digest = str(record["tag"]), str(record["digest"])
     print(f"image  {tag} {digest}  (OCI layout: {image_dir / LAYOUT})")
     reference = image_reference(recipe.repository, repo, tag, digest)
