@@ -45,7 +45,7 @@ exit 1
 
 # Fixtures that stand for a slow thing: the fake upstream (built, served, locked against), real builds,
 # real downloads and compilers. A test that uses one (directly or through another fixture) is marked
-# ``slow``; `nox -s tests -- -m "not slow"` runs the rest, the quick tier (README, "Tests").
+# ``slow``; `nox -s tests -- -m "not slow"` runs the rest, the quick tier (docs/testing.md).
 SLOW_FIXTURES = frozenset(
     {"fixture_tree", "_server", "upstream", "locked", "built", "code_objects", "vllm_sdist", "build_python"}
 )
