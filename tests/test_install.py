@@ -162,6 +162,17 @@ def test_release_json_must_match_partcount(served: str, upstream: UpstreamServer
     assert_one_line_error(result, "partcount says")
 
 
+@pytest.mark.parametrize("count", ["00", "100", "x1"])
+def test_a_partcount_outside_what_part_names_allow_is_one_line(count: str, built: Path, tmp_path: Path) -> None:
+    """Part names have two digits (manifests.MAX_PARTS): a count of 0, of 100 or not a number is refused
+    before any part is read."""
+    release = Path(shutil.copytree(built.parent / "bundles" / TAG, tmp_path / TAG))
+    (release / f"{STEM}.partcount").write_text(count + "\n")
+    result = install(release, tmp_path / "vllm", tmp_path / "cache")
+    assert_one_line_error(result, f"{STEM}.partcount holds '{count}', not a part count")
+    assert not (tmp_path / "vllm").exists()
+
+
 def test_installs_from_a_release_directory_without_network(
     built: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:

@@ -33,7 +33,7 @@ import requests
 from filelock import FileLock, Timeout
 
 from vllm_bundle.errors import InstallError, ManifestError, NetworkError
-from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets, json_kind, pinned_tag, read_backend_versions
+from vllm_bundle.manifests import MAX_PARTS, RELEASE_JSON, ReleaseAssets, json_kind, pinned_tag, read_backend_versions
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
@@ -205,7 +205,7 @@ def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Relea
 def part_artifacts(release: Release, policy: RetryPolicy) -> list[Artifact]:
     """Reads ``partcount`` and names every part; each must have a checksum in the manifest."""
     text = _read_asset(release.location, release.assets.partcount, policy).decode(errors="replace").strip()
-    if not text.isdigit() or not 1 <= int(text) <= 99:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_PARTS:
         raise ManifestError(f"{release.assets.partcount} holds {text[:20]!r}, not a part count")
     count = int(text)
     names = release.assets.parts(count)

@@ -76,7 +76,7 @@ def compare_asset_dirs(first: Path, second: Path) -> list[str]:
     parts_b = sorted(p for p in second.iterdir() if is_part(p.name))
     if any(p.name in differences for p in parts_a):
         detail = first_difference(parts_a, parts_b) or "the archives hold the same members; the compression differs"
-        differences = [f"{names}: {detail}" if ".part" in names else names for names in differences]
+        differences = [f"{name}: {detail}" if is_part(name) else name for name in differences]
     return differences
 
 
