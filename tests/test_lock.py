@@ -201,13 +201,20 @@ def test_missing_lock_says_where_to_make_it(recipes_dir: Path) -> None:
     assert_one_line_error(result, "no lock for stable/gfx950", "nox -s lock")
 
 
-def test_relock_is_deterministic(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:
+def test_relock_is_deterministic_and_leaves_no_unpacked_wheels(
+    locked: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The same lock again, byte for byte; and uv's cache, where it unpacks every wheel it downloads to
+    hash or read it (2x the installed tree at real size, bench/release_job.py), goes when the lock is
+    done: a job that locks every target and channel would otherwise keep them all."""
     again = tmp_path / "recipes"
     shutil.copytree(locked, again)
     result = lock_against(upstream, again, "gfx1151", tmp_path / "cache")
     assert result.returncode == 0, result.stderr
     for name in ("gfx1151.toml", "pylock.gfx1151.toml"):
         assert (again / "locks" / "stable" / name).read_bytes() == (locked / "locks" / "stable" / name).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["blobs", "locks", "partial"]
+    assert not list((tmp_path / "cache").rglob("*.dist-info"))
 
 
 def test_lock_for_a_multi_isa_target(locked: Path, upstream: UpstreamServer, tmp_path: Path) -> None:

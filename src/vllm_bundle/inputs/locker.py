@@ -412,6 +412,10 @@ def _vllm_inputs(recipes: Recipes, channel: Channel, fetcher: Fetcher, pypi: str
     return _VllmInputs(lines, artifacts, times, build_lines if build.top_files else [], blob)
 
 
+#: uv's cache, in the lock's scratch.
+UV_CACHE = "uv-cache"
+
+
 def _resolve_wheels(
     recipes: Recipes, target: Target, channel: Channel, fetcher: Fetcher, sources: Sources, work: Path
 ) -> tuple[dict[str, Any], _VllmInputs]:
@@ -438,7 +442,7 @@ def _resolve_wheels(
     )
     resolved = work / "pylock.resolved.toml"
     where = f"{target.name}/{channel.name}"
-    run_uv_compile(inputs, resolved, recipes, where, pypi, fetcher.cache.root / "uv")
+    run_uv_compile(inputs, resolved, recipes, where, pypi, work / UV_CACHE)
     measured = Measured()
     unpublished = _unpublished_hashes(fetcher, therock, owned)
     pylock = _trim_size_and_hash(_read_resolution(resolved), recipes, fetcher, measured, unpublished)
@@ -477,7 +481,7 @@ def _resolve_hosts(
     resolved = where / "pylock.hosts.toml"
     label = f"{target.name}/{channel.name}"
     fetcher.reporter.note(f"lock   reading what TheRock's {', '.join(o.line for o in wanted)} declare")
-    run_uv_compile(inputs, resolved, recipes, label, pypi, fetcher.cache.root / "uv", no_deps=True)
+    run_uv_compile(inputs, resolved, recipes, label, pypi, work / UV_CACHE, no_deps=True)
     ranking = {tag: i for i, tag in enumerate(supported_tags(recipes.python.minor, recipes.python.platform))}
     hosts: dict[str, Host] = {}
     for package in _read_resolution(resolved).get("packages", []):
@@ -525,7 +529,7 @@ def _resolve_build_group(
     fetcher.reporter.note(f"lock   resolving what only the vLLM build needs ({names} and vLLM's build requirements)")
     resolved = where / "pylock.resolved.toml"
     label = f"{target.name}/{channel.name} (build)"
-    run_uv_compile(inputs, resolved, recipes, label, pypi, fetcher.cache.root / "uv", constraints)
+    run_uv_compile(inputs, resolved, recipes, label, pypi, work / UV_CACHE, constraints)
     packages = _read_resolution(resolved).get("packages", [])
     only: list[dict[str, Any]] = []
     for package in packages:
@@ -584,7 +588,12 @@ def make_lock(
     if channel.frozen:
         fetcher.reporter.note(f"lock   note: channel {channel.name} is frozen: {channel.frozen}")
     python = lock_python(recipes, channel, fetcher, sources)
-    with tempfile.TemporaryDirectory(prefix="vllm-bundle-lock-") as tmp:
+    # The lock's scratch holds uv's cache (UV_CACHE), where uv unpacks every wheel it downloads to hash
+    # it or read it: at real size twice the installed tree. It lives as long as the lock, beside the
+    # download cache (the temporary directory may be a small tmpfs), so that locking every target and
+    # channel in one job keeps none of them.
+    fetcher.cache.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lock-", dir=fetcher.cache.root) as tmp:
         pylock, vllm = _resolve_wheels(recipes, target, channel, fetcher, sources, Path(tmp))
     versions = _component_versions(recipes, pylock, prebuilt_vllm=channel.vllm_wheel is not None)
     rocm = lock_rocm_sdist(fetcher, sources.therock(channel, target), versions["rocm"])

@@ -6,6 +6,7 @@ Layout under the cache root::
     partial/ab12....part      an interrupted download, resumed by the next fetch
     partial/ab12....meta      the URL and HTTP validator (ETag) the partial came from
     locks/ab12....lock        held while one process downloads that blob
+    lock-xxxxxxxx/            a running lock's scratch and uv's cache, removed when that lock ends
 
 Every key is checked to be a sha256 in hex before it names a file (a digest from a manifest could
 otherwise be ``../../somewhere``), and an entry that is a symbolic link is refused (a cache restored
