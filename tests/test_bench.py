@@ -3,13 +3,21 @@ reports is the command's, not the bench's. (The bench's figures themselves are n
 
 from __future__ import annotations
 
+import hashlib
 import io
 import sys
+import zipfile
 from pathlib import Path
 
+from bench.inflate import inflate_wheel, record_row
 from bench.measure import Outcome, run_child, run_inline
+from bench.release_job import Sampler, du_each
 from bench.report import Report, ratio
 from rich.console import Console
+
+from tests.conftest import small_disk
+from vllm_bundle.tree.assemble import install_into
+from vllm_bundle.tree.records import verify_records
 
 
 def _printed(report: Report) -> str:
@@ -62,3 +70,61 @@ def test_a_failed_run_shows_as_failed_and_gives_no_ratio() -> None:
     assert "FAILED" in text and "no GitHub repository" in text
     assert "not measured" in text and "0.50 s" not in text
     assert report.failed == ["bundle, nothing changed"]
+
+
+def test_the_release_jobs_sampler_sees_its_steps_memory_and_disk_not_the_benchs(tmp_path: Path) -> None:
+    """What the release job's peak disk and memory are read from: every process of a step (in a session
+    of its own, as run_child starts them), the disk used since the job began; not the bench's own."""
+    held = bytearray(300 * 2**20)  # the bench's own memory, which the job's figure must leave out
+    held[::4096] = b"x" * len(held[::4096])
+    step = (
+        "import os, sys, time\n"
+        "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])\n"
+        "with open(sys.argv[1], 'wb') as f:\n"
+        "    f.write(os.urandom(64 * 2**20)); f.flush(); os.fsync(f.fileno())\n"
+        "time.sleep(1.5)\n"
+    )
+    with small_disk(tmp_path / "disk", "256m") as disk, Sampler(disk) as sampler:  # a disk nobody else writes
+        outcome = run_child([sys.executable, "-c", step, disk / "written"], logs=tmp_path / "logs" / "step")
+    assert outcome.ok
+    assert 200 * 2**20 < sampler.memory < 300 * 2**20
+    assert 64 * 2**20 <= sampler.disk < 80 * 2**20
+    del held
+
+
+def test_du_each_counts_a_hard_linked_file_once_in_the_first_place_that_has_it(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"x" * 2**20)
+    (tmp_path / "b" / "f").hardlink_to(tmp_path / "a" / "f")
+    (tmp_path / "b" / "g").write_bytes(b"y" * 2**20)
+    sizes = du_each({"a": tmp_path / "a", "b": tmp_path / "b", "absent": tmp_path / "none"})
+    assert sizes["a"] >= 2**20 and 2**20 <= sizes["b"] < 2 * 2**20 and sizes["absent"] == 0
+
+
+def test_a_grown_wheel_installs_and_its_record_holds_every_file(tmp_path: Path) -> None:
+    """bench.inflate grows TheRock's wheels: the grown wheel is still one installer takes and the
+    pipeline's RECORD check passes on, with the padding in it (a replaced member too)."""
+    wheel = tmp_path / "demo-1.0-py3-none-any.whl"
+    files = {
+        "demo/__init__.py": b"",
+        "demo/data.tar": b"old",
+        "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+        "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    rows = [record_row(name, hashlib.sha256(data).digest(), len(data)) for name, data in files.items()]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr("demo-1.0.dist-info/RECORD", "\n".join([*rows, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+    additions = [
+        ("demo/lib/libpad.so", lambda: iter([b"\x7fELF", b"code" * 1000]), True),
+        ("demo/.kpack/pad.kpack", lambda: iter([b"\x01" * 5000]), False),
+        ("demo/data.tar", lambda: iter([b"new"]), True),
+    ]
+    assert inflate_wheel(wheel, additions) == 4 + 4000 + 5000 + 3
+    site = tmp_path / "site"
+    install_into({k: str(site) for k in ("purelib", "platlib", "headers", "scripts", "data")}, sys.executable, [wheel])
+    assert (site / "demo" / "data.tar").read_bytes() == b"new"
+    assert (site / "demo" / ".kpack" / "pad.kpack").stat().st_size == 5000
+    assert verify_records(site) == []

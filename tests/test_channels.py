@@ -23,8 +23,7 @@ from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.errors import LockError
-from vllm_bundle.inputs.locker import check_origins
-from vllm_bundle.inputs.therock import therock_names
+from vllm_bundle.inputs.therock import check_origins, therock_names
 from vllm_bundle.inputs.triton_kernels import triton_commit
 from vllm_bundle.recipes import load_recipes
 

@@ -40,7 +40,6 @@ import tomli_w
 import uv
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from vllm_bundle.errors import LockError, LockOutOfDateError, NetworkError
 from vllm_bundle.inputs.lockfile import (
@@ -59,13 +58,14 @@ from vllm_bundle.inputs.simple_index import IndexFile, project_files
 from vllm_bundle.inputs.therock import (
     Host,
     Owned,
-    TheRockNames,
+    check_origins,
     lock_rocm_sdist,
     pinned_stack,
     read_host,
     require_index,
     therock_names,
     torch_specifier,
+    unpublished_hashes,
 )
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.inputs.triton_kernels import lock_archive
@@ -444,7 +444,7 @@ def _resolve_wheels(
     where = f"{target.name}/{channel.name}"
     run_uv_compile(inputs, resolved, recipes, where, pypi, work / UV_CACHE)
     measured = Measured()
-    unpublished = _unpublished_hashes(fetcher, therock, owned)
+    unpublished = unpublished_hashes(fetcher, therock, owned)
     pylock = _trim_size_and_hash(_read_resolution(resolved), recipes, fetcher, measured, unpublished)
     check_origins(pylock.get("packages", []), names, fetcher, therock)
     build = _resolve_build_group(recipes, target, channel, fetcher, sources, work, pylock, owned, vllm, measured)
@@ -541,43 +541,10 @@ def _resolve_build_group(
                 f"vLLM's build needs {name} {package['version']}, the bundle has {pins[name]}",
                 "adjust the versions in recipes/channels.toml",
             )
-    unpublished = _unpublished_hashes(fetcher, therock, [Owned(name, "") for name in build_wheels])
+    unpublished = unpublished_hashes(fetcher, therock, [Owned(name, "") for name in build_wheels])
     trimmed = _trim_size_and_hash({"packages": only}, recipes, fetcher, measured, unpublished)
     packages_only: list[dict[str, Any]] = trimmed["packages"]
     return packages_only
-
-
-def check_origins(packages: list[dict[str, Any]], names: TheRockNames, fetcher: Fetcher, therock: str) -> None:
-    """Refuse, in one line, a resolved package that is not what it claims to be: one with a TheRock name
-    whose wheel is not a file of TheRock's index (PyPI's placeholders under those names are empty stubs
-    where device code belongs), or a pre-release from PyPI (only TheRock's own packages may be one)."""
-    for package in packages:
-        name, version = package["name"], package["version"]
-        wheel = package["wheels"][0]
-        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
-        if name in names:
-            try:
-                served = {f.filename for f in project_files(fetcher.session, therock, name)}
-            except LockError:  # no page there: nothing of TheRock's
-                served = set()
-            if filename not in served:
-                raise LockError(
-                    f"{name} {version} is one of TheRock's names but is not a file of TheRock's index {therock} "
-                    f"({filename}): the lock would take a package published elsewhere under TheRock's name "
-                    "(PyPI holds empty placeholders under them)",
-                    "find the requirement that reaches it unpinned (uv pip tree) and report it; do not ship this lock",
-                )
-        elif Version(version).is_prerelease:
-            raise LockError(
-                f"{name} {version} is a pre-release from PyPI, and a bundle ships PyPI's final releases only",
-                f"no final release of {name} satisfies vLLM's requirements: report it, or wait for a final release",
-            )
-
-
-def _unpublished_hashes(fetcher: Fetcher, therock: str, owned: list[Owned]) -> set[str]:
-    """The files of TheRock's packages whose index page gives no sha256 (its generators add one only
-    sometimes): the lock hashes those from their bytes rather than trust a hash it cannot check."""
-    return {f.filename for o in owned for f in project_files(fetcher.session, therock, o.name) if not f.sha256}
 
 
 def make_lock(
@@ -617,9 +584,10 @@ def make_lock(
     return lock
 
 
-def check_lock(recipes: Recipes, target: Target, channel: Channel, locks_dir: Path) -> Lock:
-    """Fail unless the lock for (target, channel) exists, is intact and matches today's recipe."""
-    lock, _ = read_lock(locks_dir, channel.name, target.name)
+def check_lock(recipes: Recipes, target: Target, channel: Channel, locks_dir: Path) -> tuple[Lock, dict[str, Any]]:
+    """The lock for (target, channel) and its parsed pylock, read once: fail unless both exist, are
+    intact and match today's recipe."""
+    lock, pylock = read_lock(locks_dir, channel.name, target.name)
     expected = recipes.recipe_hash(target, channel)
     if lock.recipe_hash != expected:
         lock_path, _ = lock_paths(locks_dir, channel.name, target.name)
@@ -628,4 +596,4 @@ def check_lock(recipes: Recipes, target: Target, channel: Channel, locks_dir: Pa
             f"lock made from {lock.recipe_hash[7:19]})",
             f"run `nox -s lock -- {target.name} --channel {channel.name}`",
         )
-    return lock
+    return lock, pylock

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 import yaml
@@ -237,3 +238,36 @@ def lock_rocm_sdist(fetcher: Fetcher, index: str, version: str) -> Artifact:
         path = fetcher.fetch_one(Artifact(ROCM_META, filename, entry.url, entry.sha256, entry.size))
         return Artifact(ROCM_META, filename, entry.url, entry.sha256, path.stat().st_size)
     return fetcher.measure(ROCM_META, filename, entry.url)
+
+
+def check_origins(packages: list[dict[str, Any]], names: TheRockNames, fetcher: Fetcher, therock: str) -> None:
+    """Refuse, in one line, a resolved package that is not what it claims to be: one with a TheRock name
+    whose wheel is not a file of TheRock's index (PyPI's placeholders under those names are empty stubs
+    where device code belongs), or a pre-release from PyPI (only TheRock's own packages may be one)."""
+    for package in packages:
+        name, version = package["name"], package["version"]
+        wheel = package["wheels"][0]
+        filename = unquote(wheel.get("name") or wheel["url"].rsplit("/", 1)[-1])
+        if name in names:
+            try:
+                served = {f.filename for f in project_files(fetcher.session, therock, name)}
+            except LockError:  # no page there: nothing of TheRock's
+                served = set()
+            if filename not in served:
+                raise LockError(
+                    f"{name} {version} is one of TheRock's names but is not a file of TheRock's index {therock} "
+                    f"({filename}): the lock would take a package published elsewhere under TheRock's name "
+                    "(PyPI holds empty placeholders under them)",
+                    "find the requirement that reaches it unpinned (uv pip tree) and report it; do not ship this lock",
+                )
+        elif Version(version).is_prerelease:
+            raise LockError(
+                f"{name} {version} is a pre-release from PyPI, and a bundle ships PyPI's final releases only",
+                f"no final release of {name} satisfies vLLM's requirements: report it, or wait for a final release",
+            )
+
+
+def unpublished_hashes(fetcher: Fetcher, therock: str, owned: list[Owned]) -> set[str]:
+    """The files of TheRock's packages whose index page gives no sha256 (its generators add one only
+    sometimes): the lock hashes those from their bytes rather than trust a hash it cannot check."""
+    return {f.filename for o in owned for f in project_files(fetcher.session, therock, o.name) if not f.sha256}

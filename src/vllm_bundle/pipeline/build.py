@@ -18,7 +18,7 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.inputs.locker import check_lock
-from vllm_bundle.inputs.lockfile import Lock, build_only, read_lock, wheel_artifacts
+from vllm_bundle.inputs.lockfile import Lock, build_only, wheel_artifacts
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.manifests import check_repo, release_tag
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
@@ -107,10 +107,9 @@ def build_bundle(
     native code (asked for explicitly, recorded in the launcher and release.json)."""
     check_stage_names(force)
     target, channel = recipes.target(target_name), recipes.channel(channel_name)
-    check_lock(recipes, target, channel, locks_dir)
+    lock, pylock = check_lock(recipes, target, channel, locks_dir)
     if release is not None:
         check_repo(release.repo)  # before any stage runs, not after an hour of building
-    lock, pylock = read_lock(locks_dir, channel.name, target.name)
     minor = recipes.python.minor
     wheels = wheel_artifacts(pylock, minor, recipes.python.platform)
     for_build = build_only(pylock, minor, recipes.python.platform)

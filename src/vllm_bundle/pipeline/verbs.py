@@ -23,7 +23,7 @@ from vllm_bundle.errors import (
 )
 from vllm_bundle.inputs.facts import load_facts
 from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
-from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
 from vllm_bundle.manifests import ReleaseAssets, check_repo, dump_json, merge_backend_versions, read_backend_versions
@@ -62,8 +62,7 @@ from vllm_bundle.util.transport import PAGE_LIMIT, RetryPolicy, make_session
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
     """Every artifact the lock pins for (target, channel), refusing a lock older than its recipe."""
-    check_lock(recipes, recipes.target(target), recipes.channel(channel), locks_dir(args))
-    lock, pylock = read_lock(locks_dir(args), channel, target)
+    lock, pylock = check_lock(recipes, recipes.target(target), recipes.channel(channel), locks_dir(args))
     python = recipes.python
     return [*lock.artifacts, *wheel_artifacts(pylock, python.minor, python.platform, frozenset({BUILD_GROUP}))]
 
@@ -169,8 +168,7 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
             raise LockError(f"the index {index} has no {filename} with a sha256", "check the version")
         artifact = Artifact("vllm", filename, entry.url, entry.sha256, entry.size)
         return fetcher.fetch_one(artifact), entry.sha256, args.vllm
-    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
-    lock, _ = read_lock(locks_dir(args), args.channel, args.target)
+    lock, _ = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
     artifact = lock.artifact("vllm-sdist")
     return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
 
@@ -195,8 +193,7 @@ def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Ar
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
     if args.vllm:
         return None
-    check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
-    lock, pylock = read_lock(locks_dir(args), args.channel, args.target)
+    lock, pylock = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
     if "vllm-sdist" in lock.roles:
         return None
     wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
