@@ -8,6 +8,8 @@ bundle:    the fixture bundle, a full build from an empty build directory, then 
 real-size: a bundle grown to --tree-gib (8 GiB: ELF files up to 2 GiB, .kpack blobs, many small .py):
            archive (vs tar | pigz: >= 1.5x at <= 1.01x its size), tier 0, verify-repro's comparison,
            image layers, install (vs Lemonade's way); each in a process of its own, peak RSS < 512 MiB.
+release-job: the release workflow's job (lock, bundle --image, tier 0 on the parts) for each of
+           --job-targets, its wheels grown to real size: peak disk and memory against the runner's.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from tests.upstream.server import UpstreamServer
 
 from bench.network import bench_fetch, bench_lock_hashless, bench_resume
 from bench.pipeline import Pipeline, bench_bundle
-from bench.real_size import RealSize, scratch_problem
+from bench.real_size import REPO, RealSize, scratch_problem
+from bench.release_job import ReleaseJob, job_scratch_problem
 from bench.report import Report
+from vllm_bundle.recipes import load_recipes
 
-GROUPS = ("network", "bundle", "real-size")
+GROUPS = ("network", "bundle", "real-size", "release-job")
 
 
 def _network(work: Path, report: Report) -> None:
@@ -45,8 +49,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", choices=GROUPS, action="append", help="run this group (repeatable; default all)")
     parser.add_argument("--tree-gib", type=float, default=8.0, help="size of the real-size tree (default 8)")
+    parser.add_argument("--job-targets", nargs="+", default=["gfx1151"], help="release-job's targets (default gfx1151)")
+    parser.add_argument(
+        "--job-scale", type=float, default=1.0, help="release-job's wheels at this share of real size (default 1)"
+    )
     parser.add_argument("--work", type=Path, help="scratch directory (default: a new one in $TMPDIR, removed after)")
     args = parser.parse_args()
+    targets = load_recipes(REPO / "recipes").targets
+    unknown = sorted(set(args.job_targets) - set(targets))
+    if unknown:
+        parser.error(f"--job-targets: {', '.join(unknown)} is not a target of recipes/targets.toml")
     if args.work is not None and not args.work.is_dir():
         parser.error(f"--work {args.work} is not a directory (create it, or leave --work out)")
     groups = args.only or list(GROUPS)
@@ -59,16 +71,24 @@ def main() -> int:
                 f"error: {problem} (free some space, pass --work DIR on a bigger disk, or a smaller --tree-gib)"
             )
             return 2
+        isas = max(len(targets[name].isas) for name in args.job_targets)
+        if "release-job" in groups and (problem := job_scratch_problem(work, args.job_scale, isas)):
+            console.print(
+                f"error: {problem} (free some space, pass --work DIR on a bigger disk, or a smaller --job-scale)"
+            )
+            return 2
         report = Report("vllm-bundle bench")
         if "network" in groups:
             _network(work, report)
-        if "bundle" in groups or "real-size" in groups:
+        if {"bundle", "real-size", "release-job"} & set(groups):
             pipeline = Pipeline(work)
             try:
                 if "bundle" in groups:
                     bench_bundle(pipeline, report)
                 if "real-size" in groups:
                     RealSize(pipeline.bundle(), work, report, size).run()
+                for target in args.job_targets if "release-job" in groups else []:
+                    ReleaseJob(work, report, target, args.job_scale).run(pipeline.bundle().root)
             finally:
                 pipeline.stop()
         report.print(console)

@@ -34,7 +34,7 @@ def _site(root: Path) -> Path:
     return site
 
 
-def _tiny_library(work: Path) -> bytes:
+def tiny_library(work: Path) -> bytes:
     source = work / "tiny.c"
     source.write_text("int bench_padding(void) { return 1151; }\n")
     library = work / "libtiny.so"
@@ -46,7 +46,7 @@ def _tiny_library(work: Path) -> bytes:
     return library.read_bytes()
 
 
-def _machine_code() -> Iterator[bytes]:
+def machine_code() -> Iterator[bytes]:
     """This machine's shared libraries, one after the other, for ever."""
     sources = sorted(Path("/usr/lib/x86_64-linux-gnu").glob("*.so*"))
     sources = [p for p in sources if p.is_file() and not p.is_symlink() and p.stat().st_size > 65536]
@@ -55,25 +55,37 @@ def _machine_code() -> Iterator[bytes]:
             yield path.read_bytes()
 
 
-def _write_elf(path: Path, size: int, head: bytes, code: Iterator[bytes]) -> None:
+def elf_blocks(size: int, head: bytes, code: Iterator[bytes]) -> Iterator[bytes]:
+    """An ELF file's bytes, ``size`` of them: a real shared object's, then machine code."""
+    yield head[:size]
+    written = min(len(head), size)
+    while written < size:
+        block = next(code)[: size - written]
+        yield block
+        written += len(block)
+
+
+def random_blocks(size: int, rng: random.Random) -> Iterator[bytes]:
+    """``size`` incompressible bytes (device code is compressed already)."""
+    for offset in range(0, size, CHUNK):
+        yield rng.randbytes(min(CHUNK, size - offset))
+
+
+def _write(path: Path, blocks: Iterator[bytes]) -> None:
     with path.open("wb") as out:
-        out.write(head)
-        written = len(head)
-        while written < size:
-            block = next(code)[: size - written]
+        for block in blocks:
             out.write(block)
-            written += len(block)
 
 
-def _write_random(path: Path, size: int, rng: random.Random) -> None:
-    with path.open("wb") as out:
-        for offset in range(0, size, CHUNK):
-            out.write(rng.randbytes(min(CHUNK, size - offset)))
+def python_sources() -> list[Path]:
+    """The standard library's ``.py`` files: what stands for the tens of thousands a bundle has."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in stdlib.rglob("*.py") if p.is_file())
 
 
 def _copy_python(dest: Path, budget: int) -> int:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    sources = sorted(p for p in stdlib.rglob("*.py") if p.is_file())
+    sources = python_sources()
     written, copy = 0, 0
     while written < budget:
         for source in sources:
@@ -112,14 +124,14 @@ def grow_bundle(bundle: Path, dest: Path, total: int, work: Path) -> dict[str, i
     for index, offset in enumerate(range(0, kpack, 256 * 2**20)):
         blob = padding / ".kpack" / f"bench_padding_gfx1151_{index}.kpack"
         blob.parent.mkdir(parents=True, exist_ok=True)
-        _write_random(blob, min(256 * 2**20, kpack - offset), rng)
-    head, code = _tiny_library(work), _machine_code()
+        _write(blob, random_blocks(min(256 * 2**20, kpack - offset), rng))
+    head, code = tiny_library(work), machine_code()
     remaining = total - base - python - kpack
     index = 0
     while remaining > 0:
         library = padding / "lib" / f"libbench_padding{index}.so"
         library.parent.mkdir(parents=True, exist_ok=True)
-        _write_elf(library, min(LARGEST, remaining), head, code)
+        _write(library, elf_blocks(min(LARGEST, remaining), head, code))
         remaining -= library.stat().st_size
         index += 1
     _write_distribution(_site(dest))
