@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from tests.conftest import TEST_CACHE, TEST_DOWNLOADS, TEST_REPO, copy_recipes
 from tests.upstream.fixture import CP, PYPI, THEROCK_NEXT, build_fixture
 from tests.upstream.real_wheels import real_wheels
@@ -32,6 +33,7 @@ from tests.upstream.server import UpstreamServer
 
 from bench.inflate import grow_wheels, locked_wheels
 from bench.measure import Outcome, run_child
+from bench.real_size import REPO
 from bench.report import Report
 from vllm_bundle.manifests import RELEASE_JSON
 
@@ -44,6 +46,17 @@ SAMPLE_EVERY = 0.25
 #: four ISAs of gfx110X) and the grown upstream it is served from, with room.
 JOB_SCRATCH = 30 * GiB
 JOB_SCRATCH_PER_ISA = 3 * GiB
+
+
+def release_need_bytes() -> int:
+    """The free disk release.yml's bundle job makes sure of before building (its step's NEED_GB)."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+    needs = [
+        int(step["env"]["NEED_GB"]) for step in workflow["jobs"]["bundle"]["steps"] if "NEED_GB" in step.get("env", {})
+    ]
+    if len(needs) != 1:
+        raise SystemExit("bench: release.yml's bundle job has no one NEED_GB (its step that frees the disk)")
+    return needs[0] * 10**9
 
 
 def job_scratch_problem(work: Path, scale: float, isas: int) -> str | None:
@@ -251,8 +264,12 @@ class ReleaseJob:
         complete = len(outcomes) == 3 and all(o.ok for o in outcomes.values())
         figure = f"peak disk {gib(sampler.disk)}, peak memory {gib(sampler.memory)}"
         fits = sampler.disk <= RUNNER_DISK and sampler.memory <= RUNNER_MEMORY
-        runner = f"ubuntu-24.04: {RUNNER_MEMORY / 1e9:.0f} GB memory, {RUNNER_DISK / 1e9:.0f} GB disk"
+        runner = f"ubuntu-24.04 as documented: {RUNNER_MEMORY / 1e9:.0f} GB memory, {RUNNER_DISK / 1e9:.0f} GB disk"
         self.report.goal(f"{case} fits {runner}", fits if complete else None, figure)
+        need = release_need_bytes()
+        within = sampler.disk <= need and sampler.memory <= RUNNER_MEMORY
+        freed = f"the {need / 1e9:.0f} GB release.yml makes sure of after freeing the runner's disk"
+        self.report.goal(f"{case} fits {freed}", within if complete else None, figure)
 
     def _compile_row(self, log: Path, assets: Path | None) -> None:
         """How many HIP translation units vLLM's own CMake compiled, times the target's ISAs: what a real
