@@ -154,7 +154,7 @@ class ReleaseJob:
     def step(self, sampler: Sampler, name: str, *args: str | Path, timeout: float = 3 * 3600) -> Outcome:
         sampler.step = name
         argv = [sys.executable, "-m", "vllm_bundle", *map(str, args)]
-        return run_child(argv, logs=self.logs / name, timeout=timeout)
+        return run_child(argv, logs=self.logs / name, cwd=self.work, timeout=timeout)  # nothing lands in the checkout
 
     def run(self, base_root: Path) -> None:
         began = time.perf_counter()
@@ -238,7 +238,7 @@ class ReleaseJob:
                 outcomes["bundle --image"] = self.step(sampler, "bundle --image", *bundle)
             assets = next(bundles.glob(f"*-{self.target}"), None) if bundles.is_dir() else None
             if assets is not None and outcomes["bundle --image"].ok:
-                qualify = ("qualify", assets, "--target", self.target)
+                qualify = ("qualify", assets, "--target", self.target, "--report", self.logs / "qualification.json")
                 outcomes["qualify the parts"] = self.step(sampler, "qualify the parts", *qualify)
         self._report(
             sampler,
