@@ -2,7 +2,7 @@
 the real ones big (:mod:`bench.tree`'s padding: machine code, incompressible device code, many small
 ``.py`` files), each wheel's RECORD and every index's hashes rewritten, so that the lock pins them and
 the pipeline downloads, verifies, installs, builds against, archives and layers them as it would the
-real ones. What each wheel is grown by is :data:`SHARES`: a share of the installed tree's size."""
+real ones. What each wheel is grown by is :data:`PADDING`."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def _constant(data: bytes) -> Blocks:
     return lambda: iter((data,))
 
 
-def _devel_tar(old: bytes, padding: Sequence[tuple[str, int, Blocks]]) -> Blocks:
+def devel_tar(old: bytes, padding: Sequence[tuple[str, int, Blocks]]) -> Blocks:
     """``_devel.tar`` as it was, then the padding members (what the build expands and never ships)."""
 
     def blocks() -> Iterator[bytes]:
@@ -207,4 +207,4 @@ def grow_wheels(fixture: Fixture, wheels: dict[str, str], work: Path, scale: flo
 def _devel_member(wheel: Path, files: list[tuple[str, int, Blocks]]) -> tuple[str, Blocks, bool]:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith("/_devel.tar")]
-        return name, _devel_tar(archive.read(name), files), True
+        return name, devel_tar(archive.read(name), files), True

@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 import io
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
-from bench.inflate import inflate_wheel, record_row
+from bench.inflate import devel_tar, inflate_wheel, record_row
 from bench.measure import Outcome, run_child, run_inline
 from bench.release_job import Sampler, du_each
 from bench.report import Report, ratio
@@ -128,3 +129,19 @@ def test_a_grown_wheel_installs_and_its_record_holds_every_file(tmp_path: Path) 
     assert (site / "demo" / "data.tar").read_bytes() == b"new"
     assert (site / "demo" / ".kpack" / "pad.kpack").stat().st_size == 5000
     assert verify_records(site) == []
+
+
+def test_the_devel_padding_is_read_by_tarfile_as_the_build_expands_it() -> None:
+    """The devel tarball keeps its members and gains the padding after them, not after the end-of-archive
+    blocks (where tarfile, and so the build's expansion, would never see it)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in ("_rocm_sdk_devel/a", "_rocm_sdk_devel/b"):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            archive.addfile(info, io.BytesIO(b"abc"))
+    padding = [("_rocm_sdk_devel/lib/libpad.so", 5000, lambda: iter([b"x" * 5000]))]
+    grown = b"".join(devel_tar(buffer.getvalue(), padding)())
+    with tarfile.open(fileobj=io.BytesIO(grown)) as archive:
+        members = [(m.name, m.size) for m in archive.getmembers()]
+    assert members == [("_rocm_sdk_devel/a", 3), ("_rocm_sdk_devel/b", 3), ("_rocm_sdk_devel/lib/libpad.so", 5000)]
