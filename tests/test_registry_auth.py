@@ -76,6 +76,26 @@ def who(registry: str, env: dict[str, str]) -> str | None:
 # -- where logins are found ---------------------------------------------------------------------------
 
 
+def test_a_user_without_a_home_still_finds_logins_where_the_environment_points(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's arbitrary user (OpenShift's) has no $HOME and no passwd entry, so Path.home() raises:
+    the files under the home are skipped, those the environment names are still read, and nothing ends
+    in a traceback."""
+
+    def no_home(cls: type[Path]) -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", classmethod(no_home))
+    homeless = {key: value for key, value in env.items() if key != "HOME"}
+    assert who(HOST, homeless) is None
+    write_json(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json", login("runtime", "1"))
+    assert who(HOST, homeless) == "runtime"
+    write_json(tmp_path / "dockerdir" / "config.json", login("docker-config", "2"))
+    (Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json").unlink()
+    assert who(HOST, {**homeless, "DOCKER_CONFIG": str(tmp_path / "dockerdir")}) == "docker-config"
+
+
 def test_login_files_are_read_in_the_order_containers_image_reads_them(env: dict[str, str], tmp_path: Path) -> None:
     home = Path(env["HOME"])
     runtime = write_json(Path(env["XDG_RUNTIME_DIR"]) / "containers" / "auth.json", login("runtime", "1"))

@@ -107,8 +107,9 @@ def api_host(registry: str) -> str:
     return DOCKER_HUB_API if registry in ("docker.io", "index.docker.io") else registry
 
 
-def auth_files(environ: Mapping[str, str], home: Path) -> list[Path]:
-    """The files to look in, in order (see the module's docstring)."""
+def auth_files(environ: Mapping[str, str], home: Path | None) -> list[Path]:
+    """The files to look in, in order (see the module's docstring); ``home`` None (a user without one)
+    leaves out the files only a home names."""
     named = environ.get(AUTH_FILE_ENV)
     if named:
         try:
@@ -124,9 +125,12 @@ def auth_files(environ: Mapping[str, str], home: Path) -> list[Path]:
     files = [
         Path(runtime) / "containers" / "auth.json" if runtime else Path(f"/run/containers/{os.getuid()}/auth.json")
     ]
-    files.append(Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "containers" / "auth.json")
-    docker_config = environ.get("DOCKER_CONFIG")
-    files.append(Path(docker_config) / "config.json" if docker_config else home / ".docker" / "config.json")
+    config = environ.get("XDG_CONFIG_HOME") or (home / ".config" if home is not None else None)
+    if config is not None:
+        files.append(Path(config) / "containers" / "auth.json")
+    docker_config = environ.get("DOCKER_CONFIG") or (home / ".docker" if home is not None else None)
+    if docker_config is not None:
+        files.append(Path(docker_config) / "config.json")
     return files
 
 
@@ -138,12 +142,21 @@ def find_credentials(
     user, password = environ.get(USER_ENV), environ.get(PASSWORD_ENV)
     if user and password:
         return Credentials(user, password, source=f"${USER_ENV}")
-    home = home if home is not None else Path(environ.get("HOME") or Path.home())
-    for path in auth_files(environ, home):
+    for path in auth_files(environ, home if home is not None else _home(environ)):
         found = _from_file(path, registry, environ)
         if found is not None:
             return found
     return None
+
+
+def _home(environ: Mapping[str, str]) -> Path | None:
+    """$HOME, else the passwd entry's; None for a user with neither (a container's arbitrary uid)."""
+    if environ.get("HOME"):
+        return Path(environ["HOME"])
+    try:
+        return Path.home()
+    except RuntimeError:
+        return None
 
 
 def _hostname(key: str) -> str:
