@@ -42,8 +42,8 @@ GiB = 2**30
 RUNNER_MEMORY = 16 * 10**9
 RUNNER_DISK = 14 * 10**9
 SAMPLE_EVERY = 0.25
-#: Free disk a job needs at --job-scale 1: its measured peak (docs/ci.md: 21 GiB for gfx1151, 31 for the
-#: four ISAs of gfx110X) and the grown upstream it is served from, with room.
+#: Free disk a job needs at --job-scale 1: its peak (docs/ci.md: 19.6 GiB measured for gfx1151, about 31
+#: for the four ISAs of gfx110X) and the grown upstream it is served from, with room.
 JOB_SCRATCH = 30 * GiB
 JOB_SCRATCH_PER_ISA = 3 * GiB
 
@@ -72,7 +72,7 @@ def _used_bytes(path: Path) -> int:
     return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
 
 
-def _rss_of_session_leaders_children(root: int) -> int:
+def _job_rss(root: int) -> int:
     """The summed resident set of every process below the bench (``root``) that is not in the bench's
     session: the job's steps run in sessions of their own (bench.measure), the bench's servers do not."""
     page = os.sysconf("SC_PAGE_SIZE")
@@ -130,7 +130,7 @@ class Sampler:
         me = os.getpid()
         while not self._stop.wait(SAMPLE_EVERY):
             disk = _used_bytes(self.where) - self.base_disk
-            memory = _rss_of_session_leaders_children(me)
+            memory = _job_rss(me)
             old = self.peaks.get(self.step, (0, 0))
             self.peaks[self.step] = (max(old[0], disk), max(old[1], memory))
 
