@@ -273,17 +273,18 @@ class ReleaseJob:
 
     def _compile_row(self, log: Path, assets: Path | None) -> None:
         """How many HIP translation units vLLM's own CMake compiled, times the target's ISAs: what a real
-        compile's time grows with (docs/ci.md turns it into hours)."""
+        compile's time grows with (docs/ci.md turns it into hours). After a build that succeeded, a log
+        with no HIP compile in it is a failed row, never a count of 0."""
         release = assets / RELEASE_JSON if assets is not None else None
-        if not log.is_file() or release is None or not release.is_file():
+        if release is None or not release.is_file():
+            return  # the build failed: its own row says so
+        case = f"release job {self.target}: vLLM's device compiles"
+        units = len(re.findall(r"Building HIP object ", log.read_text(errors="replace"))) if log.is_file() else 0
+        if units == 0:
+            self.report.run(case, Outcome(0, None, f"no HIP compile found in {log}"))
             return
-        units = len(re.findall(r"Building HIP object ", log.read_text(errors="replace")))
         isas = json.loads(release.read_text())["vllm_build"]["isas"]
-        self.report.row(
-            f"release job {self.target}: vLLM's device compiles",
-            f"{units * len(isas)}",
-            f"{units} HIP units x {len(isas)} ISAs ({', '.join(isas)})",
-        )
+        self.report.row(case, f"{units * len(isas)}", f"{units} HIP units x {len(isas)} ISAs ({', '.join(isas)})")
 
 
 def du_each(places: dict[str, Path]) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import sys
 import tarfile
 import zipfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from bench.inflate import devel_tar, inflate_wheel, record_row
 from bench.measure import Outcome, run_child, run_inline
-from bench.release_job import Sampler, du_each
+from bench.release_job import ReleaseJob, Sampler, du_each
 from bench.report import Report, ratio
 from rich.console import Console
 
@@ -145,3 +146,17 @@ def test_the_devel_padding_is_read_by_tarfile_as_the_build_expands_it() -> None:
     with tarfile.open(fileobj=io.BytesIO(grown)) as archive:
         members = [(m.name, m.size) for m in archive.getmembers()]
     assert members == [("_rocm_sdk_devel/a", 3), ("_rocm_sdk_devel/b", 3), ("_rocm_sdk_devel/lib/libpad.so", 5000)]
+
+
+def test_a_built_job_whose_log_shows_no_hip_compile_is_a_failed_row_not_a_count_of_0(tmp_path: Path) -> None:
+    assets, log = tmp_path / "assets", tmp_path / "vllm-wheel.log"
+    assets.mkdir()
+    (assets / "release.json").write_text(json.dumps({"vllm_build": {"isas": ["gfx1100", "gfx1101"]}}))
+    log.write_text("[1/2] Building CXX object CMakeFiles/_C.dir/csrc/cpu.cpp.o\n")
+    report = Report("bench")
+    ReleaseJob(tmp_path / "work", report, "gfx110X", 0.1)._compile_row(log, assets)
+    assert report.failed == ["release job gfx110X: vLLM's device compiles"]
+    log.write_text("[1/2] Building HIP object CMakeFiles/_C.dir/csrc/a.hip.o\n" * 3)
+    counted = Report("bench")
+    ReleaseJob(tmp_path / "work2", counted, "gfx110X", 0.1)._compile_row(log, assets)
+    assert not counted.failed and "3 HIP units x 2 ISAs" in _printed(counted)
