@@ -416,8 +416,9 @@ def test_a_vllm_version_without_an_extension_rule_fails(bundle: Path, tmp_path: 
 def test_gfx950_code_objects_from_a_real_compiler_are_read_like_any_other(
     bundle: Path, tmp_path: Path, locked: Path, code_objects: dict[str, bytes]
 ) -> None:
-    """gfx950 (CDNA4): clang-19 cannot make its code, and no bundle of the suite is built for it; tier 0
-    reads real gfx950 code objects (the real ziglang's clang 21), plain and compressed, all the same."""
+    """gfx950 (CDNA4), whose code Debian's clang-19 cannot make: tier 0 reads real gfx950 code objects (the
+    real ziglang's clang, LLVM 22), plain and compressed, all the same (test_targets.py builds a gfx950
+    bundle with the same compiler)."""
     for name, fatbin in (
         ("_C", _offload_bundle(code_objects, ["gfx950"])),
         ("_C_stable_libtorch", _compressed(_offload_bundle(code_objects, ["gfx942", "gfx950"]))),

@@ -1,10 +1,8 @@
 """Every target from lock to release on the fake upstream (#33, point 1). gfx1151 is the suite's own
 build (``built``) and gfx110X's four ISAs are built in test_vllm_build.py; here each other target of
 recipes/targets.toml is locked on the default channel, built (vLLM 0.33.0's own CMake compiling real
-code objects for the target's ISAs), qualified by tier 0 and written as release assets. gfx950 is the
-exception the README names: the fake SDK's compiler, Debian's clang-19, does not know it
-(test_upstream_facts.py), so no gfx950 bundle is built here; tier 0 reads real gfx950 code objects from
-the real ziglang's clang instead (test_offload.py, test_qualify.py)."""
+code objects for the target's ISAs with the fake SDK's compiler, the real ziglang wheel's clang: LLVM 22,
+which knows gfx950), qualified by tier 0 and written as release assets."""
 
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
 COVERED_ELSEWHERE = {"gfx1151", "gfx110X"}
-NOT_KNOWN_TO_CLANG_19 = {"gfx950"}
 TARGETS = load_targets(REPO / "recipes")
 DEVICE_CODE = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0").device_code
 
@@ -37,7 +34,7 @@ def _bundle(target: str, locked: Path, upstream: UpstreamServer, work: Path) -> 
     return [args[0], target, *args[2:]]
 
 
-@pytest.mark.parametrize("target", sorted(set(TARGETS) - COVERED_ELSEWHERE - NOT_KNOWN_TO_CLANG_19))
+@pytest.mark.parametrize("target", sorted(set(TARGETS) - COVERED_ELSEWHERE))
 def test_each_target_is_built_qualified_and_released(
     target: str, locked: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:

@@ -30,7 +30,7 @@ from tests.upstream.fixture import (
     Fixture,
 )
 from tests.upstream.server import Fault, UpstreamServer
-from tests.upstream.therock import HIP_RUNTIME_H, MULTI_ARCH, NEXT, host_compiler
+from tests.upstream.therock import HIP_RUNTIME_H, MULTI_ARCH, NEXT, host_compiler, sdk_clang
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
@@ -527,29 +527,39 @@ def test_rocm_sdk_path_expands_the_devel_tarball_into_the_interpreters_own_site_
     assert (devel / "bin" / "amdclang++").is_symlink() and (devel / "llvm").is_symlink()
 
 
-def test_clang_19_compiles_every_target_isa_but_gfx950(tmp_path: Path) -> None:
-    """The fake SDK's compiler is Debian's clang-19: real code objects for every target ISA the tests build
-    for; it does not know gfx950 (docs/building-rocm.md: how gfx950 is covered)."""
+def test_the_sdk_compiler_makes_real_code_objects_for_every_target_isa(fixture_tree: Fixture, tmp_path: Path) -> None:
+    """The fake SDK's compiler is the real ziglang wheel's clang (LLVM 22): real code objects for every
+    ISA of every target, gfx950 included (Debian's clang-19 rejects it: "invalid target ID 'gfx950'"), and
+    it takes the LLVM option vLLM 0.33.0 passes for its CDNA kernels as TheRock's clang does
+    (``-mllvm -amdgpu-mfma-vgpr-form``, vLLM CMakeLists.txt:397-401), which clang-19 does not know."""
     (tmp_path / "hip").mkdir()
     (tmp_path / "hip" / "hip_runtime.h").write_bytes(HIP_RUNTIME_H)
     source = tmp_path / "k.hip"
     source.write_text('#include <hip/hip_runtime.h>\nextern "C" __global__ void k(float *a) { a[0] = 1; }\n')
-    clang = host_compiler("clang++")
+    clang = sdk_clang(fixture_tree.root / "_work" / "sdk-clang", "clang++")
+    flags = ["-x", "hip", "-nogpulib", "-nogpuinc", f"-I{tmp_path}", "-mllvm", "-amdgpu-mfma-vgpr-form", "-c"]
     for isa in sorted(load_recipes(REPO / "recipes").all_isas):
-        command = [
-            clang,
+        out = tmp_path / f"{isa}.o"
+        result = subprocess.run(
+            [*clang, f"--offload-arch={isa}", *flags, str(source), "-o", str(out)], capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+        assert fatbin_isas(out) == {isa}
+    rejected = subprocess.run(
+        [
+            host_compiler("clang++"),
             "-x",
             "hip",
-            f"--offload-arch={isa}",
+            "--offload-arch=gfx950",
             "-nogpulib",
             "-nogpuinc",
             f"-I{tmp_path}",
             "-c",
             str(source),
-        ]
-        result = subprocess.run([*command, "-o", str(tmp_path / f"{isa}.o")], capture_output=True, text=True)
-        if isa == "gfx950":
-            assert result.returncode != 0 and "invalid target ID 'gfx950'" in result.stderr
-            continue
-        assert result.returncode == 0, result.stderr
-        assert fatbin_isas(tmp_path / f"{isa}.o") == {isa}
+            "-o",
+            str(tmp_path / "old.o"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert rejected.returncode != 0 and "invalid target ID 'gfx950'" in rejected.stderr, "why clang-19 is not the SDK's"

@@ -1,5 +1,5 @@
 """vLLM's ROCm build, for real: vLLM 0.33.0's own setup.py and CMake (the fixture's release, vllm_release.py)
-compile HIP with Debian's clang-19 behind the fake SDK (real gfx11xx code objects), through the locked
+compile HIP with the real ziglang wheel's clang behind the fake SDK (real gfx11xx code objects), through the locked
 cmake, against the devel tree expanded in scratch. These
 tests hold the build to what a release needs: kernels for every ISA or a one-line failure, a Python-only
 vLLM only on request, the cached site stage untouched, no network, and the same bytes on any builder."""

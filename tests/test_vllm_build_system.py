@@ -11,7 +11,7 @@
   ROCm (``Caffe2/public/LoadHIP.cmake`` finds every ROCm library) and its real ``cpp_extension`` and
   ``hipify`` (torch_cmake.py);
 - the SDK: the fixture's rocm-sdk-core/-libraries/-devel, with TheRock's ROCm CMake packages modelled
-  (rocm_cmake.py); CMake's own HIP detection runs on the fake SDK's compiler, Debian's clang-19, which
+  (rocm_cmake.py); CMake's own HIP detection runs on the fake SDK's compiler, the real ziglang's clang, which
   compiles each translation unit of a torch extension from a stand-in with CMake's very command line
   (therock.py ``COMPILER_WRAPPER``): real code objects for each ISA, vLLM's real kernels being out of
   reach (they need ROCm's and torch's headers).
@@ -161,7 +161,7 @@ def test_vllms_own_configure_finds_torch_and_every_rocm_library(
         assert f"-- Found HIP: {env['ROCM_PATH']} (found suitable version" in result.stdout, (
             "LoadHIP's find_package(HIP)"
         )
-    assert "-- The HIP compiler identification is Clang 19" in result.stdout, "CMake's own HIP detection"
+    assert "-- The HIP compiler identification is Clang 22" in result.stdout, "CMake's own HIP detection"
     assert f"-- vllm-bundle test: Torch {TORCH_VERSION.split('+')[0]}, HIP found: TRUE" in result.stdout
     for package in ("amd_comgr", "rocrand", "hiprand", "rocblas", "hipblas", "miopen", "hipsolver", "hsa-runtime64"):
         assert f"{package} VERSION: " in result.stderr, f"LoadHIP found {package}"

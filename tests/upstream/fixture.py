@@ -20,8 +20,8 @@ the bundle never has (pypi.py). The python-build-standalone-shaped tarball has o
 directory whose build files still name the ``/install`` prefix, and its ``lib/libpython3.so`` names
 its library through ``$ORIGIN``, as upstream's do. The vLLM source release is PyPI's real 0.33.0 with its
 build system as it is and stand-ins for its run-time package (vllm_release.py): every test bundle's vLLM
-is built by its own setup.py and CMake, whose compiler, the fake SDK's, is Debian's clang-19 compiling a
-stand-in kernel per unit for each ISA (therock.py).
+is built by its own setup.py and CMake, whose compiler, the fake SDK's, is the real ziglang wheel's clang
+(LLVM 22) compiling a stand-in kernel per unit for each ISA (therock.py).
 """
 
 from __future__ import annotations
@@ -428,6 +428,7 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
     fx = Fixture(root)
     libs = _elf_chain(root / "_work")
     libs["triton-amd"] = real.triton_amd  # a directory: the real triton/backends/amd/{driver.c,include/}
+    libs["sdk-clang"] = therock.sdk_toolchain(real.ziglang, root / "_work")  # a directory: the SDK's compiler
     for version, members in real.torch.items():  # directories: members of real torch wheels (torch/...)
         libs[f"torch-members-{version}"] = members
     _python_tarball(fx, cache)

@@ -16,8 +16,9 @@ matter, each with its source) and from what those facts leave to the builder:
   (``lib/cmake/hip``, ``lib/cmake/hip-lang``) that core lacks, expanded on first use by ``rocm_sdk``
   (fake_rocm_devel.py; ROCm/TheRock@89553ce build_tools/_therock_utils/py_packaging.py
   populate_devel_files, templates/rocm-sdk-core/setup.py, base/aux-overlay/CMakeLists.txt);
-- the fake compiler is Debian's clang-19 (real AMDGPU code objects) behind a wrapper that finds its ROCm
-  root, device libraries and headers as TheRock's clang does (``compiler_wrapper``), and compiles each
+- the fake compiler is the clang of the real ziglang 0.17.1 wheel (LLVM 22, whose AMDGPU backend knows every
+  target ISA, gfx950 included: ``sdk_toolchain``) behind a wrapper that finds its ROCm root, device
+  libraries and headers as TheRock's clang does (``compiler_wrapper``), and compiles each
   translation unit of a torch extension (vLLM's real sources, which need ROCm's and torch's headers) from
   a small stand-in with the command line CMake gave;
 - the SDK's CMake packages (rocm_cmake.py) and torch's (torch_cmake.py: a real torch wheel's, configured
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -219,11 +222,20 @@ def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str,
     }
 
 
-# The fake SDK's compiler: Debian's clang-19 (a real AMDGPU backend, real code objects), behind a
-# wrapper that behaves as TheRock's clang does where a build depends on it (see compiler_wrapper).
-HOST_CLANG = {"clang": "clang-19", "clang++": "clang++-19", "amdclang": "clang-19", "amdclang++": "clang++-19"}
+# The fake SDK's compiler: the clang inside the real ziglang wheel (LLVM 22; TheRock builds its own clang
+# from LLVM's main line, ROCm/TheRock compiler/amd-llvm), behind a wrapper that behaves as TheRock's clang
+# does where a build depends on it (see compiler_wrapper). By the name it stands in for, the driver mode.
+DRIVER_MODES = {"clang": "gcc", "clang++": "g++", "amdclang": "gcc", "amdclang++": "g++"}
+#: What zig does not ship and clang's HIP toolchain runs: Debian's clang-offload-bundler (.ci/run installs
+#: clang-tools-19), which writes the .hip_fatbin clang asks for; its format is the same across versions.
+OFFLOAD_BUNDLER = Path("/usr/lib/llvm-19/bin/clang-offload-bundler")
+# clang's AMDGPU toolchain links device code with `lld -flavor gnu ...`: zig's own lld, as ld.lld.
+LLD_SHIM = """#!/bin/sh
+[ "$1" = -flavor ] && shift 2
+exec {zig} ld.lld "$@"
+"""
 COMPILER_WRAPPER = """#!/bin/sh
-# Stands in for TheRock's lib/llvm/bin/{name} (rocm-sdk-core) with {host}.
+# Stands in for TheRock's lib/llvm/bin/{name} (rocm-sdk-core) with the real ziglang wheel's clang (LLVM 22).
 # Its ROCm root is three levels above where it really is: /proc/self/exe resolves a symlink but not a
 # hard link (TheRock lib/llvm/bin/rocm.cfg: --rocm-path='<CFGDIR>/../../..').
 self=$(realpath -- "$0")
@@ -267,17 +279,8 @@ if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
         fi
     }} > "$stand"
 fi
-# LLVM options TheRock's clang has and clang-19 lacks: vLLM 0.33.0 passes -mllvm -amdgpu-mfma-vgpr-form for
-# its CDNA Octave KV kernel (CMakeLists.txt:397-401, built for gfx942/gfx1100 families); dropped here.
-pending=
 for arg do
     shift
-    if [ -n "$pending" ]; then
-        pending=
-        [ "$arg" = -amdgpu-mfma-vgpr-form ] && continue
-        set -- "$@" -mllvm
-    fi
-    [ "$arg" = -mllvm ] && {{ pending=1; continue; }}
     [ -n "$stand" ] && [ "$arg" = "$src" ] && arg=$stand
     set -- "$@" "$arg"
 done
@@ -316,23 +319,60 @@ hipError_t __hipPopCallConfiguration(dim3 *grid, dim3 *block, size_t *shared, hi
 
 
 def host_compiler(name: str) -> str:
-    """The absolute path of Debian's clang-19 driver ``name`` stands in for; the tests need it."""
-    found = shutil.which(HOST_CLANG[name])
+    """Debian's clang-19 driver ``name`` (``clang`` or ``clang++``): a second real compiler, whose code
+    objects and compressed offload bundles tier 0's reader is tested on (test_offload.py)."""
+    found = shutil.which(f"{name}-19")
     if found is None:
-        raise RuntimeError(
-            f"the fake ROCm SDK compiles HIP with Debian's {HOST_CLANG[name]}, which is not installed "
-            "(apt-get install clang-19 lld-19 clang-tools-19; .ci/run does)"
-        )
+        raise RuntimeError(f"the tests need Debian's {name}-19 (apt-get install clang-19 lld-19; .ci/run does)")
     return found
 
 
-def compiler_wrapper(name: str, version: str) -> bytes:
+def sdk_toolchain(ziglang_wheel: Path, work: Path) -> Path:
+    """The fake SDK compiler's own files under ``work/sdk-clang``: ``zig`` and clang's resource headers
+    (``lib/include``) from the real ziglang wheel, and ``bin/`` with what clang's HIP toolchain runs beside
+    itself (``lld``, ``clang-offload-bundler``). ``zig cc`` refuses GPU targets; ``zig clang`` is clang's
+    own driver (tests/code_objects.py)."""
+    if not OFFLOAD_BUNDLER.is_file():
+        raise RuntimeError(
+            f"the fake ROCm SDK's compiler needs Debian's {OFFLOAD_BUNDLER} "
+            "(apt-get install clang-tools-19; .ci/run does)"
+        )
+    home = work / "sdk-clang"
+    with zipfile.ZipFile(ziglang_wheel) as wheel:
+        members = [m for m in wheel.namelist() if m == "ziglang/zig" or m.startswith("ziglang/lib/include/")]
+        wheel.extractall(home, members)
+    zig = home / "ziglang" / "zig"
+    zig.chmod(0o755)
+    tools = home / "bin"
+    tools.mkdir(exist_ok=True)
+    (tools / "lld").write_text(LLD_SHIM.format(zig=shlex.quote(str(zig))))
+    (tools / "lld").chmod(0o755)
+    (tools / "clang-offload-bundler").unlink(missing_ok=True)
+    (tools / "clang-offload-bundler").symlink_to(OFFLOAD_BUNDLER)
+    return home
+
+
+def sdk_clang(toolchain: Path, name: str) -> list[str]:
+    """The command the fake SDK's ``name`` (clang, clang++, amdclang, amdclang++) runs: zig's clang in the
+    driver mode of that name, for TheRock's host triple, with its tools and headers."""
+    return [
+        str(toolchain / "ziglang" / "zig"),
+        "clang",
+        f"--driver-mode={DRIVER_MODES[name]}",
+        "--target=x86_64-unknown-linux-gnu",  # zig's clang would take musl for the host
+        *("-B", str(toolchain / "bin")),
+        *("-resource-dir", str(toolchain / "ziglang" / "lib")),
+    ]
+
+
+def compiler_wrapper(name: str, version: str, toolchain: Path) -> bytes:
     """``_rocm_sdk_core/lib/llvm/bin/<name>``. Like TheRock's clang it needs the device libraries
     ($HIP_DEVICE_LIB_PATH, else <root>/amdgcn/bitcode, which only the devel tree has) and the HIP headers
     of its ROCm root, failing with clang's own messages, and its ``-v`` names that root ("Found HIP
     installation: <root>, version <v>", llvm-project clang/lib/Driver/ToolChains/AMDGPU.cpp
     RocmInstallationDetector), which CMake reads (Modules/CMakeDetermineHIPCompiler.cmake)."""
-    return COMPILER_WRAPPER.format(name=name, host=host_compiler(name), version=version).encode()
+    host = shlex.join(sdk_clang(toolchain, name))
+    return COMPILER_WRAPPER.format(name=name, host=host, version=version).encode()
 
 
 #: The ELF files of the fixture (fixture._elf_chain) that stand for a ROCm library, by soname; every other
@@ -357,8 +397,8 @@ def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
         "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
         "_rocm_sdk_core/share/therock/dist_info.json": json.dumps({"dist_amdgpu_targets": ";".join(ALL_ISAS)}).encode(),
     }
-    for name in HOST_CLANG:
-        files[f"_rocm_sdk_core/lib/llvm/bin/{name}"] = compiler_wrapper(name, version)
+    for name in DRIVER_MODES:
+        files[f"_rocm_sdk_core/lib/llvm/bin/{name}"] = compiler_wrapper(name, version, libs["sdk-clang"])
     return files
 
 
