@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -378,6 +379,45 @@ def _generated_release(where: Path, directories: int, files: int, parts: int) ->
         path.write_bytes(whole[index * cut : (index + 1) * cut])
         paths.append(path)
     return paths, hashlib.sha256(whole).hexdigest()
+
+
+def _members_at_entries(where: Path, entries: int) -> tuple[list[Path], str]:
+    """An archive of ``entries`` files written as one gzip member per entry (tar header and data), the
+    end-of-archive blocks in a member of their own, in two parts; with the whole archive's sha256. GNU tar
+    and gzip read such a stream as one (RFC 1952 2.2: a gzip file is a series of members)."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for number in range(entries):
+            data = f"x = {number}\n".encode()
+            entry = tarfile.TarInfo(f"./mod{number}.py")
+            entry.size, entry.mode = len(data), 0o644
+            archive.addfile(entry, io.BytesIO(data))
+    raw = tar.getvalue()
+    cuts = [1024 * number for number in range(entries + 1)]  # a header block and a data block each
+    pieces = [raw[start:end] for start, end in zip(cuts, [*cuts[1:], len(raw)], strict=True)]
+    whole = b"".join(gzip.compress(piece, mtime=0) for piece in pieces)
+    paths = [where / "archive.part01-of-02.tar.gz", where / "archive.part02-of-02.tar.gz"]
+    paths[0].write_bytes(whole[: len(whole) // 2])
+    paths[1].write_bytes(whole[len(whole) // 2 :])
+    return paths, hashlib.sha256(whole).hexdigest()
+
+
+def test_an_archive_of_many_gzip_members_is_extracted_whole(tmp_path: Path) -> None:
+    """tarfile's ``r|gz`` stops at the end of the first gzip member, and where that member ends at an
+    entry's end it reads the rest as the end of the archive: the install would have the first file only,
+    with every part's and the whole archive's sha256 right. Every member is read, as GNU tar reads it."""
+    from vllm_bundle.util.parts import extract_parts
+
+    paths, digest = _members_at_entries(tmp_path, entries=5)
+    extract_parts(paths, tmp_path / "root", "generated", digest)
+    assert sorted(path.name for path in (tmp_path / "root").iterdir()) == [f"mod{n}.py" for n in range(5)]
+    assert (tmp_path / "root" / "mod4.py").read_text() == "x = 4\n"
+    gnu = tmp_path / "gnu"
+    gnu.mkdir()
+    joined = tmp_path / "joined.tar.gz"
+    joined.write_bytes(b"".join(path.read_bytes() for path in paths))
+    subprocess.run(["tar", "-xzf", joined, "-C", gnu], check=True)
+    assert sorted(path.name for path in gnu.iterdir()) == [f"mod{n}.py" for n in range(5)], "GNU tar: the same"
 
 
 def test_extraction_keeps_no_list_of_the_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,24 +23,20 @@ from typing import Any, cast
 from vllm_bundle.errors import BundleError
 from vllm_bundle.manifests import is_part
 from vllm_bundle.oci.layout import LAYER_NAME, read_layout
-from vllm_bundle.util.tarstream import StreamTar
+from vllm_bundle.util.parts import read_archive
 
 MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime", "size", "linkname")
 
 
 def _members(parts: Sequence[Path]) -> Iterator[tuple[tarfile.TarInfo, str]]:
     """The members of an archive given as its parts, with a hash of each member's content."""
-    read, write = os.pipe()
-    feeder = subprocess.Popen(["cat", *map(str, parts)], stdout=write)
-    os.close(write)
-    with os.fdopen(read, "rb") as stream, StreamTar.open(fileobj=stream, mode="r|gz") as archive:
+    with read_archive(parts) as (archive, _):
         for member in archive:
             handle = archive.extractfile(member) if member.isreg() else None
             digest = (
                 hashlib.file_digest(cast(io.BufferedReader, handle), "sha256").hexdigest() if handle else ""
             )  # streamed
             yield member, digest
-    feeder.wait()
 
 
 def first_difference(parts_a: Sequence[Path], parts_b: Sequence[Path]) -> str | None:

@@ -4,9 +4,11 @@ a directory of parts, in one pass that hashes the whole archive and keeps memory
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import io
 import tarfile
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -16,6 +18,10 @@ from vllm_bundle.errors import InstallError
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.progress import Reporter
 from vllm_bundle.util.tarstream import StreamTar
+
+#: What reading damaged parts raises: a bad tar entry, a bad gzip header, a member cut short, bad deflate
+#: data. (The standard library's reader: ``install`` runs with the package's own dependencies only.)
+DAMAGED: tuple[type[Exception], ...] = (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error)
 
 
 class _Concatenated(io.RawIOBase):
@@ -86,6 +92,25 @@ def _reported(reporter: Reporter | None, label: str, total: int) -> Iterator[Cal
         reporter.finish(label, status)
 
 
+@contextmanager
+def read_archive(
+    parts: Sequence[Path], progress: Callable[[int], None] = lambda count: None
+) -> Iterator[tuple[_Streamed, _Concatenated]]:
+    """The tar stream of the archive the parts make up, read once front to back, and the parts' reader
+    (``progress`` is told the size of each read). Every gzip member is read, one after the other (RFC 1952
+    2.2), as GNU tar reads them: tarfile's own ``r|gz`` stops at the end of the first member, and where
+    that member ends at an entry's end it takes the rest for the end of the archive, with nothing said.
+    On leaving, what the tar reader left unread (end blocks, later members) is read and checked too, and
+    the reader's ``digest`` is then the whole archive's sha256. A damaged archive raises one of
+    :data:`DAMAGED`."""
+    raw = _Concatenated(parts, progress)
+    with io.BufferedReader(raw, buffer_size=1 << 20) as stream, gzip.GzipFile(fileobj=stream) as tar:
+        with _Streamed.open(fileobj=tar, mode="r|") as archive:
+            yield archive, raw
+        while tar.read(1 << 20):
+            pass
+
+
 def extract_parts(
     parts: Sequence[Path],
     dest: Path,
@@ -100,17 +125,12 @@ def extract_parts(
     the number of entries (:class:`_Streamed`)."""
     total = sum(part.stat().st_size for part in parts)
     with _reported(reporter, f"extract {tag}", total) as progress:
-        raw = _Concatenated(parts, progress)
-        stream = io.BufferedReader(raw, buffer_size=1 << 20)
-        with stream:
-            try:
-                with _Streamed.open(fileobj=stream, mode="r|gz") as archive:
-                    safe_extract(archive, dest, f"the {tag} release")
-                    dest.chmod(0o755 if archive.top_mode is None else archive.top_mode)
-            except tarfile.TarError as err:
-                raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
-            while stream.read(1 << 20):  # what the tar reader left unread (end blocks, gzip trailer)
-                pass
+        try:
+            with read_archive(parts, progress) as (archive, raw):
+                safe_extract(archive, dest, f"the {tag} release")
+                dest.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+        except DAMAGED as err:
+            raise InstallError(f"cannot extract the {tag} release: {err}", "its parts are damaged") from None
         if archive_sha256 is not None and raw.digest.hexdigest() != archive_sha256:
             raise InstallError(
                 f"the {tag} release's parts put together do not match release.json's archive sha256",
