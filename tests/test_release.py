@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
-import tarfile
 from datetime import datetime
 from pathlib import Path
 
@@ -30,8 +32,9 @@ from tests.upstream.fixture import ROCM_VERSION, VLLM_BUILT_VERSION
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.qualify.repro import first_difference
-from vllm_bundle.release.archive import write_archive
+from vllm_bundle.release.archive import CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MEMBER_SIZE, write_archive
 from vllm_bundle.release.assets import default_repo
+from vllm_bundle.util.parts import read_archive
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -77,10 +80,8 @@ def test_parts_concatenate_to_one_gzip_tarball(assets: Path) -> None:
 
 def test_archive_members_are_normalised(assets: Path) -> None:
     release = json.loads((assets / "release.json").read_text())
-    with subprocess.Popen(["cat", *map(str, parts_of(assets))], stdout=subprocess.PIPE) as cat:
-        assert cat.stdout is not None
-        with tarfile.open(fileobj=cat.stdout, mode="r|gz") as archive:
-            members = list(archive)
+    with read_archive(parts_of(assets)) as (archive, _):
+        members = list(archive)
     for member in members:
         assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "", "")
         assert member.mtime == release["source_date_epoch"]
@@ -93,6 +94,62 @@ def test_archive_members_are_normalised(assets: Path) -> None:
     assert any(m.issym() for m in members), "symlinks are kept"
     hidden = [m.name for m in members if "/.kpack/" in m.name]
     assert hidden, "hidden device code is in the archive"
+
+
+def _tree_files(root: Path) -> dict[str, Path]:
+    """Every regular file of a tree by its TOC name (a second name of an inode is a hard link)."""
+    seen: set[tuple[int, int]] = set()
+    files = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            files[path.relative_to(root).as_posix()] = path
+    return files
+
+
+def test_the_toc_locates_every_chunk_of_every_file_in_independent_gzip_members(assets: Path, built: Path) -> None:
+    """The archive is a series of gzip members that its TOC lists back to back, each of which inflates
+    alone; each chunk the TOC names is at its place in its member's bytes, has its sha256, and is that
+    file's bytes at its offset; the chunks of a file cover it in order, from its start to its end."""
+    whole = b"".join(part.read_bytes() for part in parts_of(assets))
+    toc = json.loads(gzip.decompress((assets / f"{STEM}.toc.json.gz").read_bytes()))
+    assert toc["version"] == 1
+    members = toc["members"]
+    assert len(members) > 1 and members[0][0] == 0
+    assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(members)), "back to back"
+    assert members[-1][0] + members[-1][1] == len(whole), "and nothing after the last"
+    inflated = {offset: gzip.decompress(whole[offset : offset + size]) for offset, size, _ in members}
+    assert [len(inflated[offset]) for offset, _, _ in members] == [size for _, _, size in members]
+    root = built / "gfx1151" / "root"
+    files = _tree_files(root)
+    covered: dict[str, int] = {}
+    for entry in toc["entries"]:
+        if entry["type"] not in ("reg", "chunk") or "chunkSize" not in entry:
+            continue
+        data = inflated[entry["offset"]][entry["innerOffset"] : entry["innerOffset"] + entry["chunkSize"]]
+        assert entry["chunkDigest"] == "sha256:" + hashlib.sha256(data).hexdigest(), entry
+        with files[entry["name"]].open("rb") as handle:
+            handle.seek(entry["chunkOffset"])
+            assert handle.read(entry["chunkSize"]) == data, entry
+        assert covered.get(entry["name"], 0) == entry["chunkOffset"], "in order, without a gap"
+        covered[entry["name"]] = entry["chunkOffset"] + entry["chunkSize"]
+    regular = {entry["name"]: entry for entry in toc["entries"] if entry["type"] == "reg"}
+    assert set(regular) == set(files), "every file once; a second name is a hard link"
+    for name, path in files.items():
+        assert covered.get(name, 0) == regular[name]["size"] == path.stat().st_size, name
+        assert "digest" not in regular[name], "a file is its chunks: each is checked, so the file is"
+    kinds = {entry["type"] for entry in toc["entries"]}
+    assert {"dir", "symlink", "chunk"} <= kinds, kinds
+    assert any(len(inflated[offset]) > MEMBER_SIZE for offset, _, _ in members), "members group chunks"
+
+
+def test_the_chunked_archive_is_at_most_4_percent_larger_than_one_gzip_stream(assets: Path) -> None:
+    """Each member starts from an empty dictionary; against the same tar stream as one gzip stream at the
+    same level (what the archive was until #34), the cost stays within 4 %."""
+    whole = b"".join(part.read_bytes() for part in parts_of(assets))
+    one_stream = zlib_ng_core.compress(gzip.decompress(whole), 6, wbits=31)
+    assert len(whole) <= 1.04 * len(one_stream), (len(whole), len(one_stream))
 
 
 def test_lemonade_style_extraction(assets: Path, tmp_path: Path) -> None:
@@ -137,12 +194,21 @@ def test_manifests(assets: Path) -> None:
     ]
     assert release["archive"]["size"] == sum(p.stat().st_size for p in parts)
     assert release["archive"]["sha256"] == hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
-    # gzip bytes depend on the compressor's version (zlib-ng#1751): the manifest names it
+    # gzip bytes may depend on the compressor's version (zlib-ng#1751 for zlib-ng): the manifest names it
+    # ... and chunks are where FastCDC cuts them
     assert release["archive"]["archiver"] == {
-        "library": "zlib-ng",
-        "zlib-ng": zlib_ng_core.ZLIBNG_VERSION,
-        "python-zlib-ng": importlib.metadata.version("zlib-ng"),
-        "workers": 8,
+        "library": "libdeflate",
+        "deflate": importlib.metadata.version("deflate"),
+        "members": "chunked",
+        "fastcdc": importlib.metadata.version("fastcdc"),
+        "chunk": f"{CHUNK_MIN}/{CHUNK_AVG}/{CHUNK_MAX}",
+        "member_size": MEMBER_SIZE,
+    }
+    toc = (assets / f"{STEM}.toc.json.gz").read_bytes()
+    assert release["archive"]["toc"] == {
+        "name": f"{STEM}.toc.json.gz",
+        "size": len(toc),
+        "sha256": hashlib.sha256(toc).hexdigest(),
     }
     assert release["archive"]["level"] == 6
     backend = json.loads((assets / "backend_versions.json").read_text())
@@ -181,7 +247,7 @@ def test_sbom(assets: Path) -> None:
 
 
 def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
-    parts, size, digest = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64", 1763596800)
+    parts, size, digest, _ = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64", 1763596800)
     assert [p.path.name for p in parts] == ["x-x64.part01-of-01.tar.gz"]
     assert size == parts[0].size and digest == parts[0].sha256
 
@@ -210,9 +276,9 @@ def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
 def test_a_difference_names_the_member_and_field(built: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(built / "gfx1151" / "root", root, symlinks=True)
-    a, _, _ = write_archive(root, tmp_path / "a", "x", 1)
+    a = write_archive(root, tmp_path / "a", "x", 1).parts
     (root / "bin" / "vllm-server").chmod(0o644)
-    b, _, _ = write_archive(root, tmp_path / "b", "x", 1)
+    b = write_archive(root, tmp_path / "b", "x", 1).parts
     assert first_difference([p.path for p in a], [p.path for p in b]) == "member ./bin/vllm-server: mode 0o755 != 0o644"
 
 

@@ -107,6 +107,11 @@ class ReleaseAssets:
         """The CycloneDX SBOM."""
         return f"{self.stem}.cdx.json"
 
+    @property
+    def toc(self) -> str:
+        """The archive's table of contents (release/archive.py): where each file's chunks are in the parts."""
+        return f"{self.stem}.toc.json.gz"
+
     def parts(self, count: int) -> list[str]:
         """The archive's parts, in order: cat them to get the one gzip tarball."""
         return [part_name(self.stem, number, count) for number in range(1, count + 1)]

@@ -1,7 +1,8 @@
 """The ``release`` stage: the bundle root as release assets in ``bundles/<tag>/``.
 
-<tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball)
+<tag>-x64.partNN-of-MM.tar.gz   the archive, in parts (cat them in order: one gzip tarball, in members)
 <tag>-x64.partcount             MM (also for a single part)
+<tag>-x64.toc.json.gz           the archive's table of contents: each file's chunks, where they are
 <tag>-x64.cdx.json              CycloneDX 1.6 SBOM
 release.json                    tag, target, channel, versions, lock hash, source date, archive, parts,
                                 qualification (tier 0 here; GPU tiers merged later)
@@ -11,6 +12,7 @@ SHA256SUMS                      of every other file here
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -38,7 +40,7 @@ from vllm_bundle.release.sbom import build_sbom, writer
 from vllm_bundle.tree.assemble import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 5  # 5: the SBOM is CycloneDX 1.6, written with cyclonedx-python-lib
+STAGE_VERSION = 6  # 6: the archive in chunked gzip members, with its TOC; 5: the SBOM is CycloneDX 1.6
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 SOURCE_DATE_ENV = "SOURCE_DATE_EPOCH"
 #: 9999-12-31T23:59:59Z: the latest second the outputs carry (the SBOM's and the image's timestamps are
@@ -129,10 +131,11 @@ def release_stage(
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
-        parts, size, digest = write_archive(
+        parts, size, digest, toc = write_archive(
             root.path, tmp, assets.stem, date, part_size=options.part_size, level=options.level
         )
         (tmp / assets.partcount).write_text(f"{len(parts):02d}")
+        (tmp / assets.toc).write_bytes(toc)
         artifact_hashes = {
             role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
         }
@@ -155,6 +158,7 @@ def release_stage(
                 "level": options.level,
                 "archiver": archiver(),
                 "parts": part_entries,
+                "toc": {"name": assets.toc, "size": len(toc), "sha256": hashlib.sha256(toc).hexdigest()},
             },
             "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
         }
