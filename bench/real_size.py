@@ -86,7 +86,7 @@ class RealSize:
         larger = ours_size / pigz_size if ours.ok and pigz_size else None
         versus = f"{faster:.2f}x faster than tar|pigz, size {larger:.3f}x" if faster and larger else ""
         self.report.run(
-            "archive: ours (zlib-ng, level 6)", ours, self.workload, versus, self._with_size(ours, ours_size)
+            "archive: ours (libdeflate members, level 6)", ours, self.workload, versus, self._with_size(ours, ours_size)
         )
         self.report.run(
             "archive: tar --sort=name | pigz -6", pigz, self.workload, "1.00x", self._with_size(pigz, pigz_size)

@@ -17,7 +17,7 @@ and before a file at least that large. Each member is compressed by libdeflate f
 lets go of the GIL) and their bytes depend only on their content: the same tree gives the same bytes on
 any machine. (A single deflate stream was #34's "today"; members at 256 KiB with libdeflate are 2.6 %
 smaller than it at level 6 on a real site-packages, and faster.)
-The TOC (``toc_json``) has eStargz's TOC entries (containerd/stargz-snapshotter docs/estargz.md): one per
+The TOC (``ChunkedTar.toc``) has eStargz's TOC entries (containerd/stargz-snapshotter docs/estargz.md): one per
 file, directory and link, and per chunk its member's offset in the whole archive (``offset``), its place
 in the member's uncompressed bytes (``innerOffset``), its place and size in the file (``chunkOffset``,
 ``chunkSize``) and its sha256 (``chunkDigest``); plus ``members``, each member's offset, compressed and
@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import deflate
 from fastcdc.fastcdc_cy import fastcdc_cy  # type: ignore[import-untyped]
+from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import ArchiveError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, MAX_PARTS, part_name
@@ -67,7 +68,7 @@ CHUNK_WINDOW = 4 << 20  # how much of a file is read at a time to be chunked
 #: a real site-packages (429 MB, zlib-ng), one member per chunk made the archive 3.8 % larger than one gzip
 #: stream, members of 256 KiB 1.2 %; with libdeflate, members of 256 KiB are 2.6 % smaller than that stream.
 MEMBER_SIZE = 256 << 10
-#: ``toc_json``'s format: eStargz's TOC version, which this TOC's entries follow.
+#: The TOC's format: eStargz's TOC version, whose entries this TOC's follow.
 TOC_VERSION = 1
 #: tarfile's writing of names that are not valid UTF-8 (its defaults on Linux)
 TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"
@@ -339,15 +340,19 @@ class Members:
 
 
 class ChunkedTar:
-    """The tar stream of the archive, cut into members (see the module's docstring), and its TOC."""
+    """The tar stream of the archive, cut into members (see the module's docstring), and its TOC. What the
+    TOC needs is kept as tuples (a real bundle has about 100,000 files and as many chunks) and made into
+    its JSON entries one at a time at the end."""
 
     def __init__(self, members: Members) -> None:
         self._members = members
         self._pending = bytearray()  # the member being filled
         self._chunks: list[tuple[int, int]] = []  # its chunks: inner offset, size
         self._offset = 0  # bytes of the tar stream so far
-        self.entries: list[dict[str, Any]] = []
-        self._chunk_entries: list[tuple[dict[str, Any], int]] = []  # with the member each is in
+        #: per entry: name, type, mode, size (reg) or link target (links), its first chunk, its chunk count
+        self._entries: list[tuple[str, str, int, int | str | None, int, int]] = []
+        #: per chunk, in the order of the archive: member, inner offset, offset in the file, size
+        self._chunk_rows: list[tuple[int, int, int, int]] = []
 
     def _cut(self) -> None:
         if self._pending:
@@ -363,26 +368,22 @@ class ChunkedTar:
         if info.isreg() and info.size >= MEMBER_SIZE:
             self._cut()
         self._append(info.tobuf(tarfile.PAX_FORMAT, TAR_ENCODING, TAR_ERRORS))
-        entry = toc_entry(info)
-        self.entries.append(entry)
+        first = len(self._chunk_rows)
         if info.isreg():
-            self._add_data(entry, path, info.size, interrupted)
+            self._add_data(path, info.size, interrupted)
             self._append(tarfile.NUL * (-info.size % tarfile.BLOCKSIZE))
+        name, kind, extra = toc_fields(info)
+        self._entries.append((name, kind, info.mode, extra, first, len(self._chunk_rows) - first))
         if len(self._pending) >= MEMBER_SIZE:
             self._cut()
 
-    def _add_data(self, entry: dict[str, Any], path: Path, size: int, interrupted: threading.Event) -> None:
-        """The file's chunks, the first in ``entry`` and each other in a ``chunk`` entry of its own (as
-        eStargz has them); a member ends between two chunks once it holds MEMBER_SIZE bytes."""
+    def _add_data(self, path: Path, size: int, interrupted: threading.Event) -> None:
+        """The file's chunks; a member ends between two chunks once it holds MEMBER_SIZE bytes."""
         at = 0
         for data in file_chunks(path, size, interrupted):
             if at and len(self._pending) >= MEMBER_SIZE:
                 self._cut()
-            chunk = entry if not at else {"name": entry["name"], "type": "chunk"}
-            chunk.update(innerOffset=len(self._pending), chunkOffset=at, chunkSize=len(data))
-            if chunk is not entry:
-                self.entries.append(chunk)
-            self._chunk_entries.append((chunk, self._members.given))
+            self._chunk_rows.append((self._members.given, len(self._pending), at, len(data)))
             self._chunks.append((len(self._pending), len(data)))
             self._append(data)
             at += len(data)
@@ -393,39 +394,58 @@ class ChunkedTar:
         self._append(tarfile.NUL * (-self._offset % tarfile.RECORDSIZE))
         self._cut()
 
-    def toc(self) -> dict[str, Any]:
-        """The TOC, once every member is written (their offsets and chunk digests are known then)."""
-        digests = iter([digest for member in self._members.digests for digest in member])
-        for chunk, member in self._chunk_entries:
-            chunk["offset"] = self._members.spans[member][0]
-            chunk["chunkDigest"] = f"sha256:{next(digests)}"
-        return {"version": TOC_VERSION, "entries": self.entries, "members": self._members.spans}
+    def toc_entries(self) -> Iterator[dict[str, Any]]:
+        """The TOC's entries, once every member is written (their offsets and chunk digests are known
+        then): a file's first chunk on its ``reg`` entry and each other in a ``chunk`` entry after it, as
+        eStargz has them."""
+        digests = [digest for member in self._members.digests for digest in member]  # in chunk order
+        for name, kind, mode, extra, first, count in self._entries:
+            entry: dict[str, Any] = {"name": name, "type": kind, "mode": mode}
+            if extra is not None:
+                entry["size" if kind == "reg" else "linkName"] = extra
+            later = []
+            for number in range(first, first + count):
+                member, inner, at, size = self._chunk_rows[number]
+                chunk: dict[str, Any] = entry if number == first else {"name": name, "type": "chunk"}
+                chunk.update(offset=self._members.spans[member][0], innerOffset=inner, chunkOffset=at)
+                chunk.update(chunkSize=size, chunkDigest=f"sha256:{digests[number]}")
+                if chunk is not entry:
+                    later.append(chunk)
+            yield entry
+            yield from later
+
+    def toc(self) -> bytes:
+        """The TOC's bytes: ``{"entries": [...], "members": [...], "version": 1}`` with sorted keys and no
+        spaces, each entry encoded and compressed as it is made (zlib-ng's gzip at level 9: mtime 0, no
+        name; its version is pinned exactly)."""
+        compressor = zlib_ng_core.compressobj(9, zlib_ng_core.DEFLATED, 31)
+        out = [compressor.compress(b'{"entries":[')]
+        for number, entry in enumerate(self.toc_entries()):
+            text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
+            out.append(compressor.compress(f"{',' if number else ''}{text}".encode()))
+        members = json.dumps(self._members.spans, separators=(",", ":"))
+        out.append(compressor.compress(f'],"members":{members},"version":{TOC_VERSION}}}'.encode()))
+        out.append(compressor.flush())
+        return b"".join(out)
 
 
-def toc_entry(info: tarfile.TarInfo) -> dict[str, Any]:
-    """A TOC entry for what ``info`` describes (eStargz's names: ``reg``, ``dir``, ``symlink``,
-    ``hardlink``; names without ``./``, the root as ``.``)."""
+def toc_fields(info: tarfile.TarInfo) -> tuple[str, str, int | str | None]:
+    """The name, type and size or link target of a TOC entry for what ``info`` describes (eStargz's names:
+    ``reg``, ``dir``, ``symlink``, ``hardlink``; names without ``./``, the root as ``.``)."""
     name = info.name.removeprefix("./") or "."
     kind = {tarfile.REGTYPE: "reg", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
-    entry: dict[str, Any] = {"name": name, "type": kind[info.type], "mode": info.mode}
-    if info.issym() or info.islnk():
-        entry["linkName"] = info.linkname.removeprefix("./") if info.islnk() else info.linkname
-    if info.isreg():
-        entry["size"] = info.size
-    return entry
-
-
-def toc_json(toc: dict[str, Any]) -> bytes:
-    """The TOC's bytes: sorted keys, no spaces, gzip (libdeflate: mtime 0, no name) at level 9."""
-    text = json.dumps(toc, sort_keys=True, separators=(",", ":")).encode()
-    return bytes(deflate.gzip_compress(text, 9))
+    if info.issym():
+        return name, kind[info.type], info.linkname
+    if info.islnk():
+        return name, kind[info.type], info.linkname.removeprefix("./")
+    return name, kind[info.type], info.size if info.isreg() else None
 
 
 class Archive(NamedTuple):
     parts: list[Part]
     size: int  # of the whole archive
     sha256: str  # of the whole archive
-    toc: bytes  # toc_json's bytes
+    toc: bytes  # ChunkedTar.toc's bytes
 
 
 def write_archive(
@@ -470,4 +490,4 @@ def write_archive(
         members.abandon()
         writer.discard()
         raise
-    return Archive(parts, writer.total, writer.whole.hexdigest(), toc_json(tar.toc()))
+    return Archive(parts, writer.total, writer.whole.hexdigest(), tar.toc())
