@@ -5,7 +5,6 @@ package requires its parents, and a missing parent is one line."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -18,16 +17,8 @@ import pytest
 import requests
 from packaging.version import Version
 
-from tests.conftest import REPO, assert_one_line_error, bundle_args, run_cli
-from tests.upstream.fixture import (
-    PYPI,
-    PYTHON_MINOR,
-    THEROCK_MULTI_ARCH,
-    THEROCK_NEXT,
-    THEROCK_NIGHTLY,
-    THEROCK_PER_FAMILY,
-    Fixture,
-)
+from tests.conftest import REPO, assert_one_line_error, run_cli
+from tests.upstream.fixture import PYPI, THEROCK_MULTI_ARCH, THEROCK_NEXT, THEROCK_NIGHTLY, THEROCK_PER_FAMILY, Fixture
 from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
@@ -35,9 +26,6 @@ from vllm_bundle.errors import LockError
 from vllm_bundle.inputs.therock import check_origins, therock_names
 from vllm_bundle.inputs.triton_kernels import triton_commit
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.util.offload import fatbin_isas
-
-DEVICE_CODE = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0").device_code
 
 #: Each channel, the fake index that plays its host and that index's facts.
 CHANNELS = {
@@ -327,30 +315,3 @@ def test_every_target_locks_on_every_channel_that_serves_it(
         return
     for isa in TARGETS[target].isas:
         assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= set(packages), (isa, sorted(packages))
-
-
-#: The channels besides the default whose fake index has content to build from; a per-family index's
-#: wheels are stubs (therock.py ``_built_contents``), so nightly-legacy is locked, not built.
-BUILT_CHANNELS = [name for name, (_, facts) in CHANNELS.items() if name != "stable" and facts.layout != "per-family"]
-
-
-@pytest.mark.parametrize("channel", BUILT_CHANNELS)
-def test_a_channel_other_than_the_default_builds_qualifies_and_releases(
-    channel: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
-) -> None:
-    """gfx1151 from each channel's own index, lock to release assets: vLLM's own CMake builds against that
-    channel's torch (frozen-7.14: torch 2.12 on ROCm 7.14) and SDK, tier 0 passes, and the release is
-    tagged with the channel's ROCm."""
-    facts = CHANNELS[channel][1]
-    assert _lock(upstream, recipes_dir, channel, tmp_path / "cache").returncode == 0
-    args = bundle_args(recipes_dir, upstream, tmp_path / "build", tmp_path / "cache")
-    result = run_cli(*args, "--channel", channel, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    tag = f"vllm0.33.0-rocm{facts.versions['rocm']}-gfx1151"
-    release = json.loads((tmp_path / "bundles" / tag / "release.json").read_text())
-    assert release["channel"] == channel and release["versions"]["torch"] == facts.versions["torch"], release
-    assert release["vllm_build"]["extensions"] == {name: ["gfx1151"] for name in DEVICE_CODE}
-    assert release["qualification"]["tier0"]["passed"], release["qualification"]
-    site = tmp_path / "build" / "gfx1151" / "root" / f"lib/python{PYTHON_MINOR}/site-packages"
-    for name in DEVICE_CODE:
-        assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == {"gfx1151"}, name
