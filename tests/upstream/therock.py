@@ -223,7 +223,7 @@ def torch_files(versions: Mapping[str, str], libs: dict[str, Path]) -> dict[str,
 
 
 # The fake SDK's compiler: the clang inside the real ziglang wheel (LLVM 22; TheRock builds its own clang
-# from LLVM's main line, ROCm/TheRock compiler/amd-llvm), behind a wrapper that behaves as TheRock's clang
+# from AMD's LLVM fork, the ROCm/TheRock submodule compiler/amd-llvm), behind a wrapper that behaves as TheRock's clang
 # does where a build depends on it (see compiler_wrapper). By the name it stands in for, the driver mode.
 DRIVER_MODES = {"clang": "gcc", "clang++": "g++", "amdclang": "gcc", "amdclang++": "g++"}
 #: What zig does not ship and clang's HIP toolchain runs: Debian's clang-offload-bundler (.ci/run installs

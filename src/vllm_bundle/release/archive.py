@@ -263,6 +263,10 @@ def add_entry(tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path, interrupt
         tar.addfile(info)
 
 
+def _changed(path: Path) -> ArchiveError:
+    return ArchiveError(f"{path} changed while it was archived", "do not change the tree while a release is made")
+
+
 def file_chunks(path: Path, size: int, interrupted: threading.Event) -> Iterator[bytes]:
     """``path``'s ``size`` bytes in FastCDC's chunks, read a window at a time (memory stays flat in the
     file's size). FastCDC decides a cut from the chunk's start and at most :data:`CHUNK_MAX` bytes after
@@ -274,9 +278,7 @@ def file_chunks(path: Path, size: int, interrupted: threading.Event) -> Iterator
         if size <= CHUNK_MIN:  # FastCDC never cuts before CHUNK_MIN: the file is one chunk
             data = handle.read(size + 1)
             if len(data) != size:
-                raise ArchiveError(
-                    f"{path} changed while it was archived", "do not change the tree while a release is made"
-                )
+                raise _changed(path)
             yield from [data] if data else []
             return
         while left or buffer:
@@ -284,9 +286,7 @@ def file_chunks(path: Path, size: int, interrupted: threading.Event) -> Iterator
                 raise KeyboardInterrupt
             data = handle.read(min(left, CHUNK_WINDOW))
             if len(data) != min(left, CHUNK_WINDOW) or (len(data) == left and handle.read(1)):
-                raise ArchiveError(
-                    f"{path} changed while it was archived", "do not change the tree while a release is made"
-                )
+                raise _changed(path)
             buffer, left = buffer + data, left - len(data)
             used = 0
             for chunk in fastcdc_cy(buffer, CHUNK_MIN, CHUNK_AVG, CHUNK_MAX):
@@ -301,7 +301,8 @@ def _pack(data: bytes, chunks: list[tuple[int, int]], level: int) -> tuple[bytes
     """One member: ``data`` as a gzip member of its own (libdeflate: no name, mtime 0), and the sha256 of
     each chunk (inner offset, size) it holds. Run by a worker thread; libdeflate and hashlib let go of the
     GIL."""
-    digests = [hashlib.sha256(data[start : start + size]).hexdigest() for start, size in chunks]
+    view = memoryview(data)  # slices without copies
+    digests = [hashlib.sha256(view[start : start + size]).hexdigest() for start, size in chunks]
     return bytes(deflate.gzip_compress(data, level)), digests
 
 
