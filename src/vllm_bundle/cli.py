@@ -462,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument(
         "--force", action="store_true", help="install even when `vllm-bundle doctor` finds a blocker on this machine"
     )
+    install.add_argument(
+        "--no-delta",
+        action="store_true",
+        help="download the whole release, even over a previous install it could re-use (docs/running.md)",
+    )
     _host_root_option(install)
     _recipes_option(install, shown=False)
     _download_options(install)

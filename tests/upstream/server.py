@@ -44,7 +44,9 @@ class LoopbackServer(ThreadingHTTPServer):
 class Fault:
     """One misbehaviour, applied to the next ``times`` requests of a path (None: every request)."""
 
-    kind: str  # "status" | "cut" | "ignore-range" | "wrong-bytes" | "stall" | "throttle" | "redirect"
+    # "status" | "cut" | "ignore-range" | "wrong-bytes" (the file's first 64) | "wrong-range" (a 206
+    # answer's first 64: a range of other bytes; a 200 is sent as it is) | "stall" | "throttle" | "redirect"
+    kind: str
     times: int | None = 1
     status: int = 500
     retry_after: str | None = None
@@ -185,6 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_simple(path, 416, b"", {"Content-Range": f"bytes */{len(data)}"})
             return
         body = data[start : end + 1]
+        if fault and fault.kind == "wrong-range" and status == 206:
+            body = bytes(b ^ 0x5A for b in body[:64]) + body[64:]
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)

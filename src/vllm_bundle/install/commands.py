@@ -112,5 +112,5 @@ def cmd_install(args: argparse.Namespace) -> int:
         verify_cached=True,  # re-hash cached parts: cheap beside the extraction, and what is installed is run
     )
     with fetcher:
-        install_release(release, dest, fetcher, policy)
+        install_release(release, dest, fetcher, policy, delta=not args.no_delta)
     return 0

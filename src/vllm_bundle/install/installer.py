@@ -17,6 +17,7 @@ swap killed half way is rolled back first.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import re
@@ -32,13 +33,24 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.errors import InstallError, ManifestError, NetworkError
+from vllm_bundle.errors import BundleError, InstallError, ManifestError, NetworkError
+from vllm_bundle.install.delta import (
+    KEPT_TOC,
+    ChunkStore,
+    Delta,
+    DeltaUnavailable,
+    Moved,
+    Part,
+    install_delta,
+    parse_toc,
+)
 from vllm_bundle.manifests import MAX_PARTS, RELEASE_JSON, ReleaseAssets, json_kind, pinned_tag, read_backend_versions
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.parts import extract_parts
+from vllm_bundle.util.progress import human_size
 from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session, retrying
 from vllm_bundle.util.validate import sha256_hex
 
@@ -66,6 +78,8 @@ class Release:
     checksums: dict[str, str]  # part name -> sha256 hex
     sizes: dict[str, int]  # part name -> size, when the manifest gives them
     archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
+    toc: Artifact | None = None  # the archive's table of contents, when release.json names it
+    source_date: int | None = None  # every entry's modification time, when release.json gives it
 
     @property
     def assets(self) -> ReleaseAssets:
@@ -180,7 +194,21 @@ def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[st
         sizes[name] = _size(_field(part, "size", field), f"{field}.size")
     whole = archive.get("sha256")
     archive_sha256 = None if whole is None else sha256_hex(whole, f"{where} archive.sha256")
-    return Release(tag, target, location, checksums, sizes, archive_sha256)
+    release = Release(tag, target, location, checksums, sizes, archive_sha256)
+    toc = None if "toc" not in archive else _toc_asset(release, _object(archive["toc"], f"{where} archive.toc"), where)
+    date = doc.get("source_date_epoch")
+    source_date = None if date is None else _size(date, f"{where} source_date_epoch")
+    return dataclasses.replace(release, toc=toc, source_date=source_date)
+
+
+def _toc_asset(release: Release, field: dict[str, Any], where: str) -> Artifact:
+    """release.json's ``archive.toc``: the asset named for the tag (a manifest never chooses a path)."""
+    name = _string(_field(field, "name", f"{where} archive.toc"), f"{where} archive.toc.name")
+    if name != release.assets.toc:
+        raise ManifestError(f"{where} archive.toc.name is {name[:80]!r}, not {release.assets.toc}", BAD_RELEASE_HINT)
+    sha256 = sha256_hex(_field(field, "sha256", f"{where} archive.toc"), f"{where} archive.toc.sha256")
+    size = _size(_field(field, "size", f"{where} archive.toc"), f"{where} archive.toc.size")
+    return Artifact(name, name, _asset_url(release, name), sha256, size)
 
 
 def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Release:
@@ -399,8 +427,11 @@ def install_release(
     fetcher: Fetcher,
     policy: RetryPolicy,
     say: Callable[[str], None] = _say,
+    *,
+    delta: bool = True,
 ) -> bool:
-    """Install ``release`` at ``dest``; False when that tag was already installed there."""
+    """Install ``release`` at ``dest``; False when that tag was already installed there. ``delta``: over
+    a previous install, fetch only what changed (:mod:`vllm_bundle.install.delta`) where that can be done."""
     dest = dest.absolute()
     check_destination(dest)
     try:
@@ -410,7 +441,7 @@ def install_release(
                 recover(dest, say)  # a swap cut short: the previous install back first
                 sweep(dest)  # what killed runs left beside it
                 check_destination(dest)  # again, now that no other installer can change it
-                installed = _install_locked(release, dest, fetcher, policy, say)
+                installed = _install_locked(release, dest, fetcher, policy, say, delta)
     except OSError as err:
         where = err.filename or dest.parent
         raise InstallError(f"cannot install into {dest}: {where}: {err.strerror}", "pick another --dest") from None
@@ -420,23 +451,84 @@ def install_release(
 
 
 def _install_locked(
-    release: Release, dest: Path, fetcher: Fetcher, policy: RetryPolicy, say: Callable[[str], None]
+    release: Release, dest: Path, fetcher: Fetcher, policy: RetryPolicy, say: Callable[[str], None], delta: bool
 ) -> bool:
     if installed_tag(dest) == release.tag and _ours(dest):
         say(f"{release.tag} is already installed in {dest}; nothing to do")
         return False
     artifacts = part_artifacts(release, policy)
+    toc, previous_tag = _table_of_contents(release, fetcher, say), installed_tag(dest)
+    if delta and toc is not None and _ours(dest):
+        try:
+            with _staging(dest) as staging:
+                moved = _install_delta(release, dest, toc, fetcher, staging, say)
+                _put_in_place(staging, dest, release, toc)
+        except DeltaUnavailable as why:
+            say(f"delta: {why}; downloading the whole release")
+        else:
+            total = sum(release.sizes.values())
+            say(
+                f"delta from {previous_tag or 'the previous install'}: re-used "
+                f"{human_size(moved.reused)}, fetched {human_size(moved.fetched)} in {moved.requests} requests "
+                f"({moved.fetched / max(total, 1):.1%} of the {human_size(total)} release)"
+            )
+            return True
     say(f"installing {release.tag} ({len(artifacts)} parts) into {dest}")
     fetched = fetcher.fetch_all(artifacts)
     with _staging(dest) as staging:
         parts = [fetched[a.sha256] for a in artifacts]
         extract_parts(parts, staging, release.tag, release.archive_sha256, fetcher.reporter)  # the download's display
-        launcher = staging / "bin" / "vllm-server"
-        if not launcher.is_file() or not os.access(launcher, os.X_OK):
-            raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
-        for name in (VERSION_FILE, MARKER):
-            (staging / name).unlink(missing_ok=True)  # never written through a link the archive put there
-            (staging / name).write_text(release.tag)
-        (staging / STAGING_MARKER).unlink()  # after the install marker: the directory always carries one
-        swap_into_place(staging, dest)
+        _put_in_place(staging, dest, release, toc)
     return True
+
+
+def _table_of_contents(release: Release, fetcher: Fetcher, say: Callable[[str], None]) -> bytes | None:
+    """The release's table of contents (checked against release.json's sha256), kept in the install for
+    the next update; None where the release has none, or it cannot be had (said: the install goes on
+    without, its parts checked as always)."""
+    if release.toc is None:
+        return None
+    try:
+        return fetcher.fetch_one(release.toc).read_bytes()
+    except (BundleError, OSError) as err:
+        say(f"the release's table of contents cannot be used ({err}); installing without it")
+        return None
+
+
+def _install_delta(
+    release: Release, dest: Path, toc: bytes, fetcher: Fetcher, staging: Path, say: Callable[[str], None]
+) -> Moved:
+    """The new tree in ``staging``, from ``dest``'s chunks and the members of the new archive it lacks."""
+    names = release.assets.parts(len(release.checksums))
+    if any(name not in release.sizes for name in names) or release.source_date is None:
+        raise DeltaUnavailable("release.json does not give every part's size and the source date")
+    parts = [
+        Part(_asset_url(release, name) if release.is_url() else str(Path(release.location) / name), release.sizes[name])
+        for name in names
+    ]
+    delta = Delta(
+        parse_toc(toc, sum(release.sizes.values())),
+        parts,
+        fetcher.session if release.is_url() else None,
+        release.source_date,
+        dest,
+        ChunkStore(fetcher.cache.root / "chunks"),
+    )
+    moved = install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
+    delta.store.discard(chunk.digest for _, chunk in delta.toc.chunks())
+    return moved
+
+
+def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None) -> None:
+    """The staged tree, checked to be a bundle and marked as ours (with the table of contents it came
+    from, for the next update), swapped in for ``dest``."""
+    launcher = staging / "bin" / "vllm-server"
+    if not launcher.is_file() or not os.access(launcher, os.X_OK):
+        raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
+    kept = {VERSION_FILE: release.tag.encode(), KEPT_TOC: toc, MARKER: release.tag.encode()}
+    for name, data in kept.items():
+        (staging / name).unlink(missing_ok=True)  # never written through a link the archive put there
+        if data is not None:
+            (staging / name).write_bytes(data)
+    (staging / STAGING_MARKER).unlink()  # after the install marker: the directory always carries one
+    swap_into_place(staging, dest)

@@ -26,13 +26,33 @@ import os
 import posixpath
 import stat
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
 
 from vllm_bundle.errors import UnsafeArchiveError
 from vllm_bundle.util.fsutil import raising_disk_full
 
 CHUNK = 1 << 20
+
+
+class Entries(Protocol):
+    """What safe extraction reads: a tar archive (``tarfile.TarFile``), or anything that gives entries as
+    tar entries and each file's bytes (a delta install's table of contents, install/delta.py)."""
+
+    def __iter__(self) -> Iterator[tarfile.TarInfo]: ...
+
+    def extractfile(self, member: tarfile.TarInfo) -> FileData | None: ...
+
+
+class FileData(Protocol):
+    """A file's bytes, read until ``b""``."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any, /) -> Any: ...
 
 
 class _Refused(Exception):
@@ -103,7 +123,7 @@ class _Extraction:
                 raise _Refused(f"is inside {parent}, which is not a directory")
             parent = posixpath.dirname(parent)
 
-    def add(self, archive: tarfile.TarFile, member: tarfile.TarInfo, name: str, top: str | None) -> None:
+    def add(self, archive: Entries, member: tarfile.TarInfo, name: str, top: str | None) -> None:
         if name in self.kinds and not (member.isdir() and self.kinds[name] == "dir"):
             raise _Refused("appears twice")
         self._parent_ok(name)
@@ -132,7 +152,7 @@ class _Extraction:
         os.link(self.dest / target, self.dest / name)
         self.kinds[name] = "file"
 
-    def _write_file(self, archive: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> None:
+    def _write_file(self, archive: Entries, member: tarfile.TarInfo, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         source = archive.extractfile(member)
         assert source is not None
@@ -174,7 +194,7 @@ def symlink_problems(root: Path) -> list[str]:
 
 
 def safe_extract(
-    archive: tarfile.TarFile,
+    archive: Entries,
     dest: Path,
     source: str,
     *,

@@ -3,7 +3,6 @@ a directory of parts, in one pass that hashes the whole archive and keeps memory
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import io
@@ -16,7 +15,7 @@ from typing import Any
 
 from vllm_bundle.errors import InstallError
 from vllm_bundle.util.extract import safe_extract
-from vllm_bundle.util.progress import Reporter
+from vllm_bundle.util.progress import Reporter, reported_step
 from vllm_bundle.util.tarstream import StreamTar
 
 #: What reading damaged parts raises: a bad tar entry, a bad gzip header, a member cut short, bad deflate
@@ -77,22 +76,6 @@ def _is_top(member: tarfile.TarInfo) -> bool:
 
 
 @contextmanager
-def _reported(reporter: Reporter | None, label: str, total: int) -> Iterator[Callable[[int], None]]:
-    """One step's progress through ``reporter`` (none: silent), ``total`` bytes: yields what to tell each
-    byte count, and reports the step done or failed."""
-    if reporter is None:
-        yield lambda count: None
-        return
-    reporter.begin(label, label, total, 0, download=False)
-    status = "error"
-    try:
-        yield functools.partial(reporter.advance, label)
-        status = "done"
-    finally:
-        reporter.finish(label, status)
-
-
-@contextmanager
 def read_archive(
     parts: Sequence[Path], progress: Callable[[int], None] = lambda count: None
 ) -> Iterator[tuple[_Streamed, _Concatenated]]:
@@ -124,7 +107,7 @@ def extract_parts(
     progress as ``extract <tag>``, in compressed bytes read of the parts' total size. Memory stays flat in
     the number of entries (:class:`_Streamed`)."""
     total = sum(part.stat().st_size for part in parts)
-    with _reported(reporter, f"extract {tag}", total) as progress:
+    with reported_step(reporter, f"extract {tag}", total) as progress:
         try:
             with read_archive(parts, progress) as (archive, raw):
                 safe_extract(archive, dest, f"the {tag} release")

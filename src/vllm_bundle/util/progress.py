@@ -3,9 +3,12 @@ that is not a download (extracting a release) reports through the same calls, wi
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol, TextIO
 
 from rich.console import Console
@@ -141,6 +144,25 @@ class RichReporter:
 
     def note(self, message: str) -> None:
         self.progress.console.log(redact_urls(message))
+
+
+@contextmanager
+def reported_step(
+    reporter: Reporter | None, label: str, total: int, *, download: bool = False
+) -> Iterator[Callable[[int], None]]:
+    """One step's progress through ``reporter`` (none: silent), ``total`` bytes: yields what to tell each
+    byte count, and reports the step done or failed. ``download``: its bytes count towards the total
+    downloaded (an extraction's do not)."""
+    if reporter is None:
+        yield lambda count: None
+        return
+    reporter.begin(label, label, total, 0, download=download)
+    status = "error"
+    try:
+        yield functools.partial(reporter.advance, label)
+        status = "done"
+    finally:
+        reporter.finish(label, status)
 
 
 def make_reporter(grand_total: int | None, plain: bool | None = None) -> Reporter:

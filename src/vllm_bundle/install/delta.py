@@ -1,0 +1,649 @@
+"""A delta install: the new release assembled from the chunks the previous install already has and the
+few gzip members of the new archive it lacks, fetched with HTTP Range.
+
+The release's table of contents (:mod:`vllm_bundle.release.archive`; ``<tag>-x64.toc.json.gz``, its
+sha256 in release.json) gives each file as chunks, each with its sha256 and its place: the gzip member
+that holds it (the member's offset in the archive the parts make up) and where inside the member. Every
+install keeps the table it was installed from (:data:`KEPT_TOC`). Over such an install:
+
+1. a chunk of the new table that the old table names (by sha256) is read from the old install's file,
+   hashed again as it is read; one that a cut run already fetched is read from the chunk cache, hashed
+   again too;
+2. the members holding every other chunk are fetched with HTTP Range (adjacent members in one request,
+   several requests at a time); each member is inflated alone, and each of its chunks checked and kept in
+   the chunk cache, so a run cut off resumes where it stopped;
+3. the new tree is written by the same safe extraction as a full install (:func:`safe_extract`: the same
+   checks of names, kinds and links) from the new table's entries, each file from its chunks; a chunk that
+   does not match its sha256 is fetched from the release instead.
+
+Where a delta cannot be done safely (no install of ours with a table, the server ignores Range, more
+than half of the archive to fetch, fetched bytes that do not match, a table that does not add up) it
+raises :class:`DeltaUnavailable` and the caller installs the whole release instead.
+
+Every entry's modification time is the release's source date (release.json ``source_date_epoch``), as
+the archive writer gives every entry of the tar stream (:func:`vllm_bundle.release.archive.tar_entry`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import secrets
+import stat
+import tarfile
+import threading
+import zlib
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import requests
+
+from vllm_bundle.errors import UnsafeArchiveError
+from vllm_bundle.util.extract import safe_extract
+from vllm_bundle.util.progress import Reporter, human_size, reported_step
+from vllm_bundle.util.transport import describe
+
+#: The table an install was made from, kept in it: what the next delta install reads.
+KEPT_TOC = ".vllm-bundle-toc.json.gz"
+TOC_VERSION = 1
+#: The most a member may inflate to: the writer's members are about 256 KiB plus one chunk and tar
+#: headers; a table that says more is not one of ours, and memory stays bounded whatever it says.
+MAX_MEMBER = 16 << 20
+#: The most a table may inflate to (one entry per file and chunk; the 8 GiB tree's is about 40 MB).
+MAX_TOC = 512 << 20
+#: One request fetches adjacent members up to this many bytes, so that several run at a time.
+MAX_REQUEST = 8 << 20
+REQUESTS_AT_ONCE = 4
+RANGE_ATTEMPTS = 3
+#: Above this share of the archive to fetch, the whole release is downloaded (its parts are cached and
+#: resumable as a whole, and a Range request per member gains nothing).
+MOST_TO_FETCH = 0.5
+SHA256_PREFIX = "sha256:"
+
+
+class DeltaUnavailable(Exception):
+    """Why this install cannot be a delta: the caller downloads the whole release instead. (Not an
+    OSError or ValueError: safe extraction lets it through as it is.)"""
+
+
+class Chunk(NamedTuple):
+    member: int  # index in Toc.members
+    inner: int  # offset in the member's inflated bytes
+    at: int  # offset in the file
+    size: int
+    digest: str  # sha256, hex
+
+
+class Entry(NamedTuple):
+    name: str
+    kind: str  # reg, dir, symlink, hardlink
+    mode: int
+    size: int
+    link: str
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True)
+class Toc:
+    entries: list[Entry]
+    members: list[tuple[int, int, int]]  # offset in the archive, compressed size, inflated size
+
+    def chunks(self) -> Iterator[tuple[Entry, Chunk]]:
+        for entry in self.entries:
+            for chunk in entry.chunks:
+                yield entry, chunk
+
+
+class _Bad(Exception):
+    """What is wrong with a table (turned into DeltaUnavailable naming the table)."""
+
+
+def _int(value: object, what: str, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise _Bad(f"{what} is {str(value)[:40]!r}, not a whole number >= {least}")
+    return value
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str) or "\0" in value:
+        raise _Bad(f"{what} is not a string")
+    return value
+
+
+def _digest(value: object, what: str) -> str:
+    text = _text(value, what)
+    hexdigest = text.removeprefix(SHA256_PREFIX)
+    if not text.startswith(SHA256_PREFIX) or len(hexdigest) != 64 or set(hexdigest) - set("0123456789abcdef"):
+        raise _Bad(f"{what} is not sha256:<64 hex digits>")
+    return hexdigest
+
+
+def _members(doc: dict[str, Any], archive_size: int | None) -> list[tuple[int, int, int]]:
+    """The members, back to back from the archive's start; when ``archive_size`` is given, to its end."""
+    rows = doc.get("members")
+    if not isinstance(rows, list):
+        raise _Bad("members is not an array")
+    members, end = [], 0
+    for number, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != 3:
+            raise _Bad(f"members[{number}] is not [offset, size, inflated size]")
+        offset, size, inflated = (_int(value, f"members[{number}]") for value in row)
+        if offset != end or size == 0 or inflated > MAX_MEMBER:
+            raise _Bad(f"members[{number}] is not the member after the one before it, or too large")
+        members.append((offset, size, inflated))
+        end = offset + size
+    if archive_size is not None and end != archive_size:
+        raise _Bad(f"its members end at byte {end}, the archive at {archive_size}")
+    return members
+
+
+class _Reader:
+    """Reads a table's entries one after the other, a file's chunks after it."""
+
+    def __init__(self, members: list[tuple[int, int, int]]) -> None:
+        self.members = members
+        self.at_offset = {offset: number for number, (offset, _, _) in enumerate(members)}
+        self.entries: list[Entry] = []
+        self.pending: dict[str, Any] | None = None
+        self.chunks: list[Chunk] = []
+
+    def _chunk(self, raw: dict[str, Any], where: str) -> Chunk:
+        member = self.at_offset.get(_int(raw.get("offset"), f"{where} offset"))
+        if member is None:
+            raise _Bad(f"{where} offset is not a member's")
+        inner = _int(raw.get("innerOffset"), f"{where} innerOffset")
+        size = _int(raw.get("chunkSize"), f"{where} chunkSize", least=1)
+        at = _int(raw.get("chunkOffset", 0), f"{where} chunkOffset")
+        if inner + size > self.members[member][2]:
+            raise _Bad(f"{where} lies outside its member")
+        expected = self.chunks[-1].at + self.chunks[-1].size if self.chunks else 0
+        if at != expected:
+            raise _Bad(f"{where} starts at byte {at} of its file, not {expected}: chunks overlap or leave a gap")
+        return Chunk(member, inner, at, size, _digest(raw.get("chunkDigest"), f"{where} chunkDigest"))
+
+    def _close(self) -> None:
+        raw = self.pending
+        if raw is None:
+            return
+        name = _text(raw.get("name"), "an entry's name")
+        size = sum(chunk.size for chunk in self.chunks)
+        if raw["type"] == "reg" and size != raw["size"]:
+            raise _Bad(f"the chunks of {name!r} hold {size} bytes, its size is {raw['size']}")
+        link = raw.get("linkName", "")
+        entry = Entry(name, raw["type"], raw["mode"], raw.get("size", 0), link, tuple(self.chunks))
+        self.entries.append(entry)
+        self.pending, self.chunks = None, []
+
+    def add(self, raw: object, number: int) -> None:
+        where = f"entries[{number}]"
+        if not isinstance(raw, dict):
+            raise _Bad(f"{where} is not an object")
+        kind = raw.get("type")
+        if kind == "chunk":
+            if self.pending is None or self.pending["type"] != "reg" or raw.get("name") != self.pending["name"]:
+                raise _Bad(f"{where} is a chunk of no file before it")
+            self.chunks.append(self._chunk(raw, where))
+            return
+        self._close()
+        if kind not in ("reg", "dir", "symlink", "hardlink"):
+            raise _Bad(f"{where} has type {str(kind)[:20]!r}")
+        _text(raw.get("name"), f"{where} name")
+        raw["mode"] = _int(raw.get("mode"), f"{where} mode")
+        if kind == "reg":
+            raw["size"] = _int(raw.get("size"), f"{where} size")
+            if "chunkDigest" in raw:
+                self.chunks.append(self._chunk(raw, where))
+        elif kind in ("symlink", "hardlink"):
+            _text(raw.get("linkName"), f"{where} linkName")
+        self.pending = raw
+
+    def finish(self) -> list[Entry]:
+        self._close()
+        return self.entries
+
+
+def parse_toc(data: bytes, archive_size: int | None = None) -> Toc:
+    """The table in ``data`` (gzip'd JSON), every field checked: members back to back (to the archive's
+    end, given ``archive_size``), every chunk inside its member, each file's chunks one after the other
+    from its first byte to its last. Raises DeltaUnavailable naming what does not add up."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            text = stream.read(MAX_TOC + 1)
+        if len(text) > MAX_TOC:
+            raise _Bad(f"it inflates to more than {MAX_TOC} bytes")
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("version") != TOC_VERSION or not isinstance(doc.get("entries"), list):
+            raise _Bad(f"it is not a version {TOC_VERSION} table of contents")
+        reader = _Reader(_members(doc, archive_size))
+        for number, raw in enumerate(doc["entries"]):
+            reader.add(raw, number)
+        return Toc(reader.finish(), reader.members)
+    except (_Bad, OSError, EOFError, zlib.error, ValueError) as err:
+        raise DeltaUnavailable(f"the table of contents does not add up: {err}") from None
+
+
+# -- where chunks come from ---------------------------------------------------------------------------
+
+
+class ChunkStore:
+    """Chunks fetched for a delta, one file each under their sha256, in the download cache: a run cut
+    off resumes from them. Every read hashes the chunk again (a torn or changed file is a miss), so writes
+    need no fsync."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, digest: str) -> Path:
+        return self.root / digest[:2] / digest
+
+    def get(self, digest: str, size: int) -> bytes | None:
+        try:
+            with open(self._path(digest), "rb", opener=_no_follow) as handle:
+                data = handle.read(size + 1)
+        except OSError:
+            return None
+        return data if len(data) == size and hashlib.sha256(data).hexdigest() == digest else None
+
+    def has(self, digest: str, size: int) -> bool:
+        try:
+            found = self._path(digest).lstat()
+        except OSError:
+            return False
+        return stat.S_ISREG(found.st_mode) and found.st_size == size
+
+    def discard(self, digests: Iterable[str]) -> None:
+        """The chunks of an update once it is installed: made by a delta, needed by none after it."""
+        for digest in set(digests):
+            self._path(digest).unlink(missing_ok=True)
+
+    def put(self, digest: str, data: bytes) -> None:
+        path = self._path(digest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_name(f".{digest}.{secrets.token_hex(4)}")
+        with open(scratch, "wb", opener=_exclusive) as handle:
+            handle.write(data)
+        scratch.replace(path)
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW)
+
+
+def _exclusive(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
+class Previous:
+    """The chunks of the previous install, by sha256: where in which of its files each one is."""
+
+    def __init__(self, root: Path, toc: Toc) -> None:
+        self.root = root.resolve()
+        self.where: dict[str, tuple[str, int, int]] = {}
+        for entry, chunk in toc.chunks():
+            self.where.setdefault(chunk.digest, (entry.name, chunk.at, chunk.size))
+        self._open: tuple[str, io.BufferedReader] | None = None
+
+    def read(self, digest: str) -> bytes | None:
+        """The chunk, read from the old install and hashed again; None where it is not there as it was
+        (a file changed, gone, or not a plain file inside the install)."""
+        found = self.where.get(digest)
+        if found is None:
+            return None
+        name, at, size = found
+        try:
+            handle = self._handle(name)
+            handle.seek(at)
+            data = handle.read(size)
+        except OSError:
+            return None
+        return data if len(data) == size and hashlib.sha256(data).hexdigest() == digest else None
+
+    def _handle(self, name: str) -> io.BufferedReader:
+        if self._open is not None and self._open[0] == name:
+            return self._open[1]
+        self.close()
+        path = (self.root / name).resolve()  # the name as the old table gives it: never outside the install
+        if not path.is_relative_to(self.root) or path == self.root:
+            raise OSError(f"{name} is not inside the previous install")
+        handle = open(path, "rb", opener=_no_follow)  # noqa: SIM115 (kept open for the file's next chunk)
+        self._open = (name, handle)
+        return handle
+
+    def close(self) -> None:
+        if self._open is not None:
+            self._open[1].close()
+            self._open = None
+
+
+# -- fetching members ---------------------------------------------------------------------------------
+
+
+class Part(NamedTuple):
+    location: str  # an URL, or a path of a release directory
+    size: int
+
+
+@dataclass
+class Moved:
+    """What a delta moved: bytes fetched (compressed, on the wire), requests, members; bytes re-used
+    (inflated, read from the previous install)."""
+
+    fetched: int = 0
+    requests: int = 0
+    members: int = 0
+    reused: int = 0
+
+
+def _spans(parts: Sequence[Part], start: int, end: int) -> Iterator[tuple[Part, int, int]]:
+    """The pieces of the archive's bytes ``[start, end)`` in each part: (part, first, last + 1)."""
+    offset = 0
+    for part in parts:
+        low, high = max(start, offset), min(end, offset + part.size)
+        if low < high:
+            yield part, low - offset, high - offset
+        offset += part.size
+
+
+@dataclass
+class Fetcher:
+    """Fetches members of the new archive with Range requests (or reads them from a release directory),
+    inflates each alone, and keeps its chunks in ``store`` once they match the table."""
+
+    toc: Toc
+    parts: Sequence[Part]
+    session: requests.Session | None  # None: the parts are files
+    store: ChunkStore
+    progress: Callable[[int], None]
+    moved: Moved = field(default_factory=Moved)
+    by_member: dict[int, list[Chunk]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        for _, chunk in self.toc.chunks():
+            self.by_member.setdefault(chunk.member, []).append(chunk)
+
+    def fetch(self, members: Sequence[int]) -> None:
+        """Every member in ``members`` (sorted), adjacent ones in one request, several at a time."""
+        groups: list[list[int]] = []
+        for number in members:
+            last = groups[-1] if groups else None
+            offset, size, _ = self.toc.members[number]
+            if last and last[-1] == number - 1 and offset + size - self.toc.members[last[0]][0] <= MAX_REQUEST:
+                last.append(number)
+            else:
+                groups.append([number])
+        with ThreadPoolExecutor(REQUESTS_AT_ONCE) as pool:
+            for done in pool.map(self._fetch_group, groups):
+                del done
+
+    def _fetch_group(self, group: list[int]) -> None:
+        """The members of ``group`` in one request; one cut off is asked again from the first member it
+        had not finished (what came before it is kept), up to :data:`RANGE_ATTEMPTS` times."""
+        remaining, why = list(group), ""
+        for _ in range(RANGE_ATTEMPTS):
+            first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
+            body = _Body(self._bytes(first[0], last[0] + last[1]))
+            try:
+                while remaining:
+                    self._keep(remaining[0], body.take(self.toc.members[remaining[0]][1]))
+                    remaining.pop(0)
+                body.finish()
+                return
+            except _Cut as err:
+                why = str(err)
+            finally:
+                body.close()
+        raise DeltaUnavailable(f"a Range request was cut off {RANGE_ATTEMPTS} times ({why})")
+
+    def _keep(self, number: int, compressed: bytes) -> None:
+        offset, _, inflated = self.toc.members[number]
+        try:
+            inflater = zlib.decompressobj(31)
+            data = inflater.decompress(compressed, inflated + 1)
+            complete = inflater.eof and not inflater.unused_data and len(data) == inflated
+        except zlib.error:
+            complete = False
+        if not complete:
+            raise DeltaUnavailable(f"the member fetched at byte {offset} of the archive does not match the table")
+        for chunk in self.by_member.get(number, []):
+            piece = data[chunk.inner : chunk.inner + chunk.size]
+            if hashlib.sha256(piece).hexdigest() != chunk.digest:
+                raise DeltaUnavailable(f"a chunk fetched at byte {offset} of the archive does not match its sha256")
+            self.store.put(chunk.digest, piece)
+        with self.lock:
+            self.moved.members += 1
+
+    def _bytes(self, start: int, end: int) -> Generator[bytes, None, None]:
+        for part, low, high in _spans(self.parts, start, end):
+            yield from (self._read_file if self.session is None else self._get)(part, low, high)
+
+    def _read_file(self, part: Part, low: int, high: int) -> Iterator[bytes]:
+        with Path(part.location).open("rb") as handle:
+            handle.seek(low)
+            data = handle.read(high - low)
+        with self.lock:
+            self.moved.requests += 1
+        self._count(len(data))
+        yield data
+
+    def _get(self, part: Part, low: int, high: int) -> Iterator[bytes]:
+        assert self.session is not None
+        headers = {"Range": f"bytes={low}-{high - 1}", "Accept-Encoding": "identity"}
+        try:
+            with self.session.get(part.location, headers=headers, stream=True) as answer:
+                if answer.status_code != 206:
+                    raise DeltaUnavailable(
+                        f"the server answered a Range request with HTTP {answer.status_code}, not 206"
+                    )
+                expected = f"bytes {low}-{high - 1}/{part.size}"
+                if answer.headers.get("Content-Range") != expected:
+                    raise DeltaUnavailable(f"the server answered {expected} with {answer.headers.get('Content-Range')}")
+                with self.lock:
+                    self.moved.requests += 1
+                while piece := answer.raw.read1(1 << 20):
+                    self._count(len(piece))
+                    yield piece
+        except requests.RequestException as err:
+            raise _Cut(describe(err)) from None
+
+    def _count(self, size: int) -> None:
+        with self.lock:
+            self.moved.fetched += size
+            self.progress(size)
+
+
+class _Cut(Exception):
+    """A Range answer cut off before its end: asked again from where it stopped."""
+
+
+class _Body:
+    """The bytes of a Range answer (or several, across parts), taken a member at a time."""
+
+    def __init__(self, pieces: Generator[bytes, None, None]) -> None:
+        self.pieces, self.buffer = pieces, bytearray()
+
+    def take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            piece = next(self.pieces, None)
+            if piece is None:
+                raise _Cut("the answer ended early")
+            self.buffer += piece
+        taken = bytes(self.buffer[:size])
+        del self.buffer[:size]
+        return taken
+
+    def finish(self) -> None:
+        if self.buffer or next(self.pieces, None) is not None:
+            raise DeltaUnavailable("a Range answer held more bytes than asked for")
+
+    def close(self) -> None:
+        self.pieces.close()
+
+
+# -- the new tree, from the table ---------------------------------------------------------------------
+
+
+class _FileData(io.RawIOBase):
+    """A file of the new tree, read a chunk at a time from wherever :class:`Sources` finds each."""
+
+    def __init__(self, sources: Sources, chunks: tuple[Chunk, ...]) -> None:
+        super().__init__()
+        self.sources, self.chunks, self.next = sources, chunks, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        """The next chunk (whatever ``size`` asks: safe extraction reads until b"")."""
+        if self.next == len(self.chunks):
+            return b""
+        chunk = self.chunks[self.next]
+        self.next += 1
+        return self.sources.chunk(chunk)
+
+
+class Sources:
+    """Each chunk from the chunk cache, else the previous install, else fetched from the release now
+    (a chunk the plan took for re-usable whose file changed since)."""
+
+    def __init__(
+        self, store: ChunkStore, previous: Previous, fetcher: Fetcher, progress: Callable[[int], None]
+    ) -> None:
+        self.store, self.previous, self.fetcher, self.progress = store, previous, fetcher, progress
+        self.reused = 0
+
+    def chunk(self, chunk: Chunk) -> bytes:
+        data = self.store.get(chunk.digest, chunk.size)
+        if data is None:
+            data = self.previous.read(chunk.digest)
+            if data is not None:
+                self.reused += chunk.size
+        if data is None:
+            self.fetcher.fetch([chunk.member])
+            data = self.store.get(chunk.digest, chunk.size)
+        if data is None:
+            raise DeltaUnavailable("a chunk fetched from the release could not be kept in the download cache")
+        self.progress(chunk.size)
+        return data
+
+
+class TocArchive:
+    """The table's entries as the tar entries :func:`safe_extract` reads (the same checks as a full
+    install), each file's bytes from :class:`Sources`."""
+
+    def __init__(self, toc: Toc, sources: Sources, mtime: int) -> None:
+        self.toc, self.sources, self.mtime = toc, sources, mtime
+        self.top_mode: int | None = None
+        self._chunks: dict[str, tuple[Chunk, ...]] = {}
+
+    def __iter__(self) -> Iterator[tarfile.TarInfo]:
+        kinds = {
+            "reg": tarfile.REGTYPE,
+            "dir": tarfile.DIRTYPE,
+            "symlink": tarfile.SYMTYPE,
+            "hardlink": tarfile.LNKTYPE,
+        }
+        for entry in self.toc.entries:
+            if entry.name == "." and entry.kind == "dir":
+                self.top_mode = entry.mode & 0o777 | 0o700
+                continue
+            info = tarfile.TarInfo(entry.name)
+            info.type, info.mode, info.mtime = kinds[entry.kind], entry.mode, self.mtime
+            info.size, info.linkname = entry.size, entry.link
+            self._chunks[entry.name] = entry.chunks
+            yield info
+
+    def extractfile(self, member: tarfile.TarInfo) -> _FileData:
+        return _FileData(self.sources, self._chunks.pop(member.name, ()))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a delta would re-use and fetch (compressed bytes of the new archive)."""
+
+    fetch: list[int]  # members, sorted
+    fetch_bytes: int
+    reuse_bytes: int  # inflated bytes found in the previous install or the chunk cache
+
+
+def plan(new: Toc, previous: Previous, store: ChunkStore) -> Plan:
+    """The members to fetch: those holding a chunk neither the previous install's table nor the chunk
+    cache has (what is there is checked as it is read, and fetched then if it is not what it was)."""
+    fetch: set[int] = set()
+    reuse = 0
+    for _, chunk in new.chunks():
+        if chunk.digest in previous.where or store.has(chunk.digest, chunk.size):
+            reuse += chunk.size
+        else:
+            fetch.add(chunk.member)
+    members = sorted(fetch)
+    return Plan(members, sum(new.members[number][1] for number in members), reuse)
+
+
+def previous_toc(dest: Path) -> Toc:
+    """The table the install at ``dest`` was made from (the caller has checked it is ours)."""
+    try:
+        with open(dest / KEPT_TOC, "rb", opener=_no_follow) as handle:
+            data = handle.read(MAX_TOC + 1)
+    except FileNotFoundError:
+        raise DeltaUnavailable(f"the install in {dest} keeps no table of contents (an older install)") from None
+    except OSError as err:
+        raise DeltaUnavailable(f"cannot read {dest / KEPT_TOC}: {err.strerror}") from None
+    try:
+        return parse_toc(data)
+    except DeltaUnavailable as why:
+        raise DeltaUnavailable(f"the previous install's {why}") from None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A delta install's inputs: the new table (checked), the parts, the source date, where the previous
+    install and the chunk cache are."""
+
+    toc: Toc
+    parts: Sequence[Part]
+    session: requests.Session | None  # None: the parts are files of a release directory
+    mtime: int
+    previous: Path
+    store: ChunkStore
+
+
+def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable[[str], None], source: str) -> Moved:
+    """Write the new tree into ``staging`` (empty, marked by the caller) from the previous install's
+    chunks and the members fetched; returns what moved. Raises DeltaUnavailable where the whole release
+    must be downloaded instead."""
+    previous = Previous(delta.previous, previous_toc(delta.previous))
+    try:
+        archive_size = sum(part.size for part in delta.parts)
+        chosen = plan(delta.toc, previous, delta.store)
+        if chosen.fetch_bytes > MOST_TO_FETCH * archive_size:
+            raise DeltaUnavailable(
+                f"{human_size(chosen.fetch_bytes)} of the {human_size(archive_size)} archive changed (more than half)"
+            )
+        say(
+            f"delta: {human_size(chosen.reuse_bytes)} to re-use from the previous install, "
+            f"{human_size(chosen.fetch_bytes)} of the {human_size(archive_size)} archive to fetch "
+            f"({len(chosen.fetch)} of {len(delta.toc.members)} members)"
+        )
+        with reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as progress:
+            fetcher = Fetcher(delta.toc, delta.parts, delta.session, delta.store, progress)
+            fetcher.fetch(chosen.fetch)
+        total = sum(chunk.size for _, chunk in delta.toc.chunks())
+        with reported_step(reporter, "assemble", total) as progress:
+            sources = Sources(delta.store, previous, fetcher, progress)
+            archive = TocArchive(delta.toc, sources, delta.mtime)
+            try:
+                safe_extract(archive, staging, source)
+            except UnsafeArchiveError as err:
+                raise DeltaUnavailable(err.message) from None
+            staging.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+    finally:
+        previous.close()
+    fetcher.moved.reused = sources.reused
+    return fetcher.moved
