@@ -5,6 +5,7 @@ package requires its parents, and a missing parent is one line."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -17,8 +18,16 @@ import pytest
 import requests
 from packaging.version import Version
 
-from tests.conftest import REPO, assert_one_line_error, run_cli
-from tests.upstream.fixture import PYPI, THEROCK_MULTI_ARCH, THEROCK_NEXT, THEROCK_NIGHTLY, THEROCK_PER_FAMILY, Fixture
+from tests.conftest import REPO, assert_one_line_error, bundle_args, run_cli
+from tests.upstream.fixture import (
+    PYPI,
+    PYTHON_MINOR,
+    THEROCK_MULTI_ARCH,
+    THEROCK_NEXT,
+    THEROCK_NIGHTLY,
+    THEROCK_PER_FAMILY,
+    Fixture,
+)
 from tests.upstream.server import Fault, UpstreamServer
 from tests.upstream.therock import MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
@@ -26,6 +35,9 @@ from vllm_bundle.errors import LockError
 from vllm_bundle.inputs.therock import check_origins, therock_names
 from vllm_bundle.inputs.triton_kernels import triton_commit
 from vllm_bundle.recipes import load_recipes
+from vllm_bundle.util.offload import fatbin_isas
+
+DEVICE_CODE = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0").device_code
 
 #: Each channel, the fake index that plays its host and that index's facts.
 CHANNELS = {
@@ -293,15 +305,30 @@ def test_a_fact_without_a_commit_is_caught() -> None:
 TARGETS = load_recipes(REPO / "recipes").targets
 
 
+#: The channels besides the default whose fake index has content to build from: every target is built on
+#: each (below). A per-family index's wheels are stubs (therock.py ``_built_contents``), so nightly-legacy
+#: is locked, not built; the default channel's targets are built in test_targets.py.
+BUILT_CHANNELS = [name for name, (_, facts) in CHANNELS.items() if name != "stable" and facts.layout != "per-family"]
+
+
+def _assert_locked_for(target: str, channel: str, recipes: Path) -> None:
+    """A multi-arch index's lock holds each ISA's SDK and torch device packages; a per-family index's, the
+    family's libraries under their normalized project name (PEP 503: ``rocm-sdk-libraries-gfx110x-all``)."""
+    packages = _packages(recipes, channel, target)
+    if CHANNELS[channel][1].layout == "per-family":
+        assert f"rocm-sdk-libraries-{TARGETS[target].legacy_family.lower()}" in packages, sorted(packages)
+        return
+    for isa in TARGETS[target].isas:
+        assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= set(packages), (isa, sorted(packages))
+
+
 @pytest.mark.parametrize("target", [name for name in TARGETS if name != "gfx1151"])  # gfx1151: above
-@pytest.mark.parametrize("channel", list(CHANNELS))
+@pytest.mark.parametrize("channel", [name for name in CHANNELS if name not in BUILT_CHANNELS])
 def test_every_target_locks_on_every_channel_that_serves_it(
     channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """A multi-arch index serves every target: each ISA's SDK and torch device packages are locked. A
-    per-family index serves the families TheRock made one for (facts.toml: none for gfx1150), under
-    their normalized project names (PEP 503: ``rocm-sdk-libraries-gfx110x-all/``); a target it does not
-    serve is one line."""
+    """A per-family index serves the families TheRock made one for (facts.toml: none for gfx1150); a
+    target it does not serve is one line. (The channels built from lock every target in the test below.)"""
     facts = CHANNELS[channel][1]
     result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
     family = TARGETS[target].legacy_family
@@ -309,9 +336,31 @@ def test_every_target_locks_on_every_channel_that_serves_it(
         assert_one_line_error(result, f"TheRock has no per-family index for {family}", "--channel stable")
         return
     assert result.returncode == 0, result.stderr
-    packages = _packages(recipes_dir, channel, target)
-    if facts.layout == "per-family":
-        assert f"rocm-sdk-libraries-{family.lower()}" in packages, sorted(packages)
-        return
-    for isa in TARGETS[target].isas:
-        assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= set(packages), (isa, sorted(packages))
+    _assert_locked_for(target, channel, recipes_dir)
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("channel", BUILT_CHANNELS)
+def test_every_target_is_built_qualified_and_released_on_every_channel_built_from(
+    channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
+) -> None:
+    """Each target from a channel's own index, lock to release assets (#33): the lock holds every ISA's
+    device packages, vLLM's own CMake builds real code objects for each ISA against that channel's torch
+    (frozen-7.14: torch 2.12 on ROCm 7.14) and SDK, tier 0 passes, and the release is tagged with the
+    channel's ROCm and names the channel and its torch."""
+    facts = CHANNELS[channel][1]
+    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
+    assert result.returncode == 0, result.stderr
+    _assert_locked_for(target, channel, recipes_dir)
+    args = bundle_args(recipes_dir, upstream, tmp_path / "build", tmp_path / "cache")
+    result = run_cli(args[0], target, *args[2:], "--channel", channel, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    isas = list(TARGETS[target].isas)
+    tag = f"vllm0.33.0-rocm{facts.versions['rocm']}-{target}"
+    release = json.loads((tmp_path / "bundles" / tag / "release.json").read_text())
+    assert release["channel"] == channel and release["versions"]["torch"] == facts.versions["torch"], release
+    assert release["vllm_build"]["extensions"] == dict.fromkeys(DEVICE_CODE, isas)
+    assert release["qualification"]["tier0"]["passed"], release["qualification"]
+    site = tmp_path / "build" / target / "root" / f"lib/python{PYTHON_MINOR}/site-packages"
+    for name in DEVICE_CODE:
+        assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == set(isas), name

@@ -1,8 +1,8 @@
 """Every target from lock to release on the fake upstream (#33, point 1). gfx1151 is the suite's own
-build (``built``) and gfx110X's four ISAs are built in test_vllm_build.py; here each other target of
-recipes/targets.toml is locked on the default channel, built (vLLM 0.33.0's own CMake compiling real
-code objects for the target's ISAs with the fake SDK's compiler, the real ziglang wheel's clang: LLVM 22,
-which knows gfx950), qualified by tier 0 and written as release assets."""
+build (``built``); here each other target of recipes/targets.toml is locked on the default channel,
+built (vLLM 0.33.0's own CMake compiling real code objects for each of the target's ISAs, gfx110X's four
+too, with the fake SDK's compiler, the real ziglang wheel's clang: LLVM 22, which knows gfx950),
+qualified by tier 0 and written as release assets. The other channels: test_channels.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from vllm_bundle.recipes import load_recipes, load_targets
 from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"
-COVERED_ELSEWHERE = {"gfx1151", "gfx110X"}
+COVERED_ELSEWHERE = {"gfx1151"}
 TARGETS = load_targets(REPO / "recipes")
 DEVICE_CODE = load_recipes(REPO / "recipes").vllm.extension_rule("0.33.0").device_code
 
