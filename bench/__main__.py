@@ -8,6 +8,9 @@ bundle:    the fixture bundle, a full build from an empty build directory, then 
 real-size: a bundle grown to --tree-gib (8 GiB: ELF files up to 2 GiB, .kpack blobs, many small .py):
            archive (vs tar | pigz: >= 1.5x at <= 1.01x its size), tier 0, verify-repro's comparison,
            image layers, install (vs Lemonade's way); each in a process of its own, peak RSS < 512 MiB.
+delta:     updates over a previous install through one 100 Mbit/s loopback link, as a delta and as a full
+           download: vLLM 0.32.0 -> 0.33.0 only (goals: <= 15% of the bytes, <= 25% of the time), the
+           source date only (< 1% of the bytes).
 release-job: the release workflow's job (lock, bundle --image, tier 0 on the parts) for each of
            --job-targets, its wheels grown to real size: peak disk and memory against the runner's.
 """
@@ -23,6 +26,7 @@ from rich.console import Console
 from tests.upstream.fixture import Fixture
 from tests.upstream.server import UpstreamServer
 
+from bench.delta import DeltaBench
 from bench.network import bench_fetch, bench_lock_hashless, bench_resume
 from bench.pipeline import Pipeline, bench_bundle
 from bench.real_size import REPO, RealSize, scratch_problem
@@ -30,7 +34,7 @@ from bench.release_job import ReleaseJob, job_scratch_problem
 from bench.report import Report
 from vllm_bundle.recipes import load_recipes
 
-GROUPS = ("network", "bundle", "real-size", "release-job")
+GROUPS = ("network", "bundle", "delta", "real-size", "release-job")
 
 
 def _network(work: Path, report: Report) -> None:
@@ -80,11 +84,13 @@ def main() -> int:
         report = Report("vllm-bundle bench")
         if "network" in groups:
             _network(work, report)
-        if {"bundle", "real-size", "release-job"} & set(groups):
+        if {"bundle", "delta", "real-size", "release-job"} & set(groups):
             pipeline = Pipeline(work)
             try:
                 if "bundle" in groups:
                     bench_bundle(pipeline, report)
+                if "delta" in groups:
+                    DeltaBench(pipeline.bundle(), work, report).run()
                 if "real-size" in groups:
                     RealSize(pipeline.bundle(), work, report, size).run()
                 for target in args.job_targets if "release-job" in groups else []:

@@ -415,6 +415,19 @@ def tree_digest(root: Path) -> dict[str, str]:
     return entries
 
 
+def publish(built: Path, server: UpstreamServer) -> str:
+    """The suite's release (of ``built``) on the fake upstream under ``/releases/download/<tag>/``, as
+    GitHub serves a release's assets; its URL. The upstream's files are shared by every worker of the run:
+    the first to publish copies the assets, under a lock, and the others find them."""
+    (assets,) = [path for path in (built.parent / "bundles").iterdir() if (path / "release.json").is_file()]
+    published = server.root / "releases" / "download" / assets.name
+    with one_worker_at_a_time(published):
+        if not published.exists():
+            shutil.copytree(assets, published.with_name(f".{assets.name}.tmp"), dirs_exist_ok=True)
+            published.with_name(f".{assets.name}.tmp").rename(published)
+    return f"{server.url}/releases/download/{assets.name}/"
+
+
 def seed_vllm_build(built: Path, build: Path, target: str = "gfx1151") -> Path:
     """The suite's one real vLLM build for a test that needs a bundle but does not test the build: the
     built bundle's ``vllm-src`` and ``vllm-wheel`` stages with their stamps, copied into ``build``. The

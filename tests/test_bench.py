@@ -8,9 +8,11 @@ import io
 import json
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
+import pytest
 from bench.inflate import devel_tar, inflate_wheel, record_row
 from bench.measure import Outcome, run_child, run_inline
 from bench.release_job import ReleaseJob, Sampler, du_each
@@ -160,3 +162,41 @@ def test_a_built_job_whose_log_shows_no_hip_compile_is_a_failed_row_not_a_count_
     counted = Report("bench")
     ReleaseJob(tmp_path / "work2", counted, "gfx110X", 0.1)._compile_row(log, assets)
     assert not counted.failed and "3 HIP units x 2 ISAs" in _printed(counted)
+
+
+def test_the_shared_link_paces_parallel_answers_as_one_link() -> None:
+    """The delta row's 100 Mbit/s is one link for every answer at once (tests/upstream/server.py
+    SharedLink): two answers of a second's worth each are through after two seconds, not one."""
+    from tests.upstream.server import SharedLink
+
+    link = SharedLink(rate=1000)
+    began = time.monotonic()
+    first, second = link.reserve(1000), link.reserve(1000)
+    assert second - first == pytest.approx(1.0)
+    assert second - began >= 2.0
+
+
+def test_the_delta_rows_vllm_tree_replaces_every_python_file_and_keeps_the_rest(tmp_path: Path) -> None:
+    """bench/delta.py puts a vLLM release's Python tree into the bundle: every *.py is that release's,
+    every other file (the extensions) the bundle's."""
+    from bench.delta import with_vllm_tree
+
+    root = tmp_path / "root"
+    vllm = root / "lib" / "python3.11" / "site-packages" / "vllm"
+    (vllm / "gone").mkdir(parents=True)
+    (vllm / "gone" / "old.py").write_text("old = 1\n")
+    (vllm / "_C.abi3.so").write_bytes(b"\x7fELF kept")
+    sdist = tmp_path / "vllm-9.9.9.tar.gz"
+    with tarfile.open(sdist, "w:gz") as archive:
+        for name, data in (("vllm/__init__.py", b"new = 1\n"), ("vllm/x/y.py", b"y = 2\n"), ("setup.py", b"")):
+            info = tarfile.TarInfo(f"vllm-9.9.9/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    made = with_vllm_tree(root, sdist, "9.9.9", tmp_path / "made")
+    site = made / "lib" / "python3.11" / "site-packages"
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*") if p.is_file()) == [
+        "vllm/_C.abi3.so",
+        "vllm/__init__.py",
+        "vllm/x/y.py",
+    ]
+    assert (site / "vllm" / "_C.abi3.so").read_bytes() == b"\x7fELF kept"

@@ -16,45 +16,16 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PART_SIZE, assert_one_line_error, tree_digest
+from tests.conftest import PART_SIZE, assert_one_line_error, publish, tree_digest
+from tests.releases import make_release, toc_field
 from tests.test_install import TAG, install
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.install.delta import KEPT_TOC
 from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets
-from vllm_bundle.release.archive import write_archive
 
 OLD_TAG = f"vllm0.32.0-rocm{ROCM_VERSION}-gfx1151"
 ASSETS = ReleaseAssets(TAG)
-
-
-def make_release(root: Path, where: Path, tag: str, date: int) -> Path:
-    """A release of ``root`` as the release stage writes its archive (the production writer), with the
-    release.json fields ``install`` reads."""
-    where.mkdir(parents=True)
-    assets = ReleaseAssets(tag)
-    archive = write_archive(root, where, assets.stem, date, part_size=PART_SIZE)
-    (where / assets.partcount).write_text(f"{len(archive.parts):02d}")
-    (where / assets.toc).write_bytes(archive.toc)
-    release = {
-        "tag": tag,
-        "target": "gfx1151",
-        "source_date_epoch": date,
-        "archive": {
-            "size": archive.size,
-            "sha256": archive.sha256,
-            "parts": [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in archive.parts],
-            "toc": _toc_field(assets, archive.toc),
-        },
-    }
-    (where / RELEASE_JSON).write_text(json.dumps(release))
-    return where
-
-
-def _toc_field(assets: ReleaseAssets, toc: bytes) -> dict[str, Any]:
-    import hashlib
-
-    return {"name": assets.toc, "size": len(toc), "sha256": hashlib.sha256(toc).hexdigest()}
 
 
 @dataclass(frozen=True)
@@ -83,11 +54,8 @@ def releases(built: Path, _server: UpstreamServer, tmp_path_factory: pytest.Temp
     library.write_bytes(bytes(data))
     (vllm / "envs.py").unlink()  # the new release adds it back
     (vllm / "only_in_the_old_release.py").write_text("gone = True\n")
-    releases_root = _server.root / "releases" / "download"
-    make_release(old_root, releases_root / OLD_TAG, OLD_TAG, date - 86400)
-    if not (releases_root / TAG).exists():
-        shutil.copytree(new_dir, releases_root / TAG)
-    old, new = f"{_server.url}/releases/download/{OLD_TAG}/", f"{_server.url}/releases/download/{TAG}/"
+    make_release(old_root, _server.root / "releases" / "download" / OLD_TAG, OLD_TAG, date - 86400, PART_SIZE)
+    old, new = f"{_server.url}/releases/download/{OLD_TAG}/", publish(built, _server)
     for url, dest in ((old, work / "installed-old"), (new, work / "installed-new")):
         result = install(url, dest, work / "cache", "--no-delta")
         assert result.returncode == 0, result.stdout + result.stderr
@@ -220,7 +188,7 @@ def test_an_unrelated_previous_install_gets_the_full_download(
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "vllm-server").write_text("#!/bin/sh\n")
     (root / "bin" / "vllm-server").chmod(0o755)
-    tiny = make_release(root, upstream.root / "tiny" / "x", "tiny-gfx1151", 0)
+    tiny = make_release(root, upstream.root / "tiny" / "x", "tiny-gfx1151", 0, PART_SIZE)
     assert install(tiny, tmp_path / "vllm", tmp_path / "cache").returncode == 0
     result = install(releases.new, tmp_path / "vllm", tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -286,7 +254,7 @@ def test_a_table_that_lies_gets_the_full_download(
     data = gzip.compress(json.dumps(toc).encode(), mtime=0)
     (published / ASSETS.toc).write_bytes(data)
     release = json.loads((published / RELEASE_JSON).read_text())
-    release["archive"]["toc"] = _toc_field(ASSETS, data)
+    release["archive"]["toc"] = toc_field(ASSETS, data)
     (published / RELEASE_JSON).write_text(json.dumps(release))
     dest = previous(releases, tmp_path)
     result = install(f"{upstream.url}/lying/{tmp_path.name}/{TAG}/", dest, tmp_path / "cache")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from tests.conftest import REPO, TEST_REPO, assert_one_line_error, run_cli, tree_digest
+from tests.conftest import REPO, TEST_REPO, assert_one_line_error, publish, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.util.extract import safe_extract
@@ -36,10 +36,7 @@ HOST = ("--host-root", str(REPO / "tests" / "data" / "hosts" / "strix-halo"))
 @pytest.fixture(scope="module")
 def served(built: Path, _server: UpstreamServer) -> str:
     """The fixture release published under ``/releases/download/<tag>/`` on the loopback server."""
-    published = _server.root / "releases" / "download" / TAG
-    if not published.exists():
-        shutil.copytree(built.parent / "bundles" / TAG, published)
-    return f"{_server.url}/releases/download/{TAG}/"
+    return publish(built, _server)
 
 
 def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]

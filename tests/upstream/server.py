@@ -66,6 +66,21 @@ class Request:
     body_bytes: int
 
 
+class SharedLink:
+    """One link of ``rate`` bytes per second that every answer's body shares, as a home connection is
+    shared by parallel downloads (the "throttle" fault paces each answer on its own instead)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate, self.lock, self.free_at = rate, threading.Lock(), time.monotonic()
+
+    def reserve(self, size: int) -> float:
+        """When ``size`` more bytes will have gone through: the link's next free moment after them."""
+        with self.lock:
+            start = max(time.monotonic(), self.free_at)
+            self.free_at = start + size / self.rate
+            return self.free_at
+
+
 @dataclass
 class UpstreamServer:
     root: Path
@@ -75,6 +90,7 @@ class UpstreamServer:
     missing_status: dict[str, int] = field(default_factory=dict)  # path prefix -> status for what is not there
     in_flight: int = 0  # bodies being sent now
     most_in_flight: int = 0  # the most bodies sent at once since the last reset
+    link: SharedLink | None = None  # every body through one link of this rate (the bench's 100 Mbit/s)
     httpd: LoopbackServer | None = None
     _thread: threading.Thread | None = None
 
@@ -243,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return sent
             if fault and fault.kind == "throttle":
                 return self._send_throttled(body, fault.rate)
+            if self.upstream.link is not None:
+                return self._send_on_link(body, self.upstream.link)
             self.wfile.write(body)
             return len(body)
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -260,6 +278,14 @@ class _Handler(BaseHTTPRequestHandler):
             if ahead > 0:
                 time.sleep(ahead)
         return sent
+
+    def _send_on_link(self, body: bytes, link: SharedLink) -> int:
+        step = max(1, link.rate // 50)
+        for start in range(0, len(body), step):
+            piece = body[start : start + step]
+            time.sleep(max(0.0, link.reserve(len(piece)) - time.monotonic()))
+            self.wfile.write(piece)
+        return len(body)
 
     def _status_only(self, path: str, fault: Fault) -> None:
         extra = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}

@@ -55,8 +55,9 @@ TOC_VERSION = 1
 #: The most a member may inflate to: the writer's members are about 256 KiB plus one chunk and tar
 #: headers; a table that says more is not one of ours, and memory stays bounded whatever it says.
 MAX_MEMBER = 16 << 20
-#: The most a table may inflate to (one entry per file and chunk; the 8 GiB tree's is about 40 MB).
-MAX_TOC = 512 << 20
+#: The most a table may inflate to, far above what a release's needs (an entry per file and per chunk): a
+#: hostile table is refused before it is parsed into objects several times its size.
+MAX_TOC = 128 << 20
 #: One request fetches adjacent members up to this many bytes, so that several run at a time.
 MAX_REQUEST = 8 << 20
 REQUESTS_AT_ONCE = 4
