@@ -352,7 +352,7 @@ def _spans(parts: Sequence[Part], start: int, end: int) -> Iterator[tuple[Part, 
 
 
 @dataclass
-class Fetcher:
+class MemberFetcher:
     """Fetches members of the new archive with Range requests (or reads them from a release directory),
     inflates each alone, and keeps its chunks in ``store`` once they match the table."""
 
@@ -514,7 +514,7 @@ class Sources:
     (a chunk the plan took for re-usable whose file changed since)."""
 
     def __init__(
-        self, store: ChunkStore, previous: Previous, fetcher: Fetcher, progress: Callable[[int], None]
+        self, store: ChunkStore, previous: Previous, fetcher: MemberFetcher, progress: Callable[[int], None]
     ) -> None:
         self.store, self.previous, self.fetcher, self.progress = store, previous, fetcher, progress
         self.reused = 0
@@ -633,7 +633,7 @@ def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable
             f"({len(chosen.fetch)} of {len(delta.toc.members)} members)"
         )
         with reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as progress:
-            fetcher = Fetcher(delta.toc, delta.parts, delta.session, delta.store, progress)
+            fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store, progress)
             fetcher.fetch(chosen.fetch)
         total = sum(chunk.size for _, chunk in delta.toc.chunks())
         with reported_step(reporter, "assemble", total) as progress:
