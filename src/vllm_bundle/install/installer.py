@@ -5,7 +5,9 @@ From a release (an URL serving its assets, or a directory holding them) or from 
 parallel, with progress, through the verified cache), check each against the release's checksums,
 extract the concatenated parts safely (with progress) into a staging directory beside the destination, write
 ``version.txt`` (the tag, no newline), and swap the staging directory into place. The previous install
-stays untouched until the new one is complete; an install of the tag already present does nothing.
+stays untouched until the new one is complete; an install of the tag already present does nothing. Over
+a previous install that keeps its table of contents, only what changed is fetched (:mod:`.delta`), where
+that can be done safely; else, and with ``--no-delta``, the whole release.
 
 Every value read from a manifest is checked before use (a tag is a plain name, a target one of the
 target table's, a checksum a sha256): a manifest never chooses a path. Every directory a run makes beside
@@ -461,8 +463,9 @@ def _install_locked(
     if delta and toc is not None and _ours(dest):
         try:
             with _staging(dest) as staging:
-                moved = _install_delta(release, dest, toc, fetcher, staging, say)
+                delta_run, moved = _install_delta(release, dest, toc, fetcher, staging, say)
                 _put_in_place(staging, dest, release, toc)
+            delta_run.store.discard(chunk.digest for _, chunk in delta_run.toc.chunks())  # installed: not needed
         except DeltaUnavailable as why:
             say(f"delta: {why}; downloading the whole release")
         else:
@@ -497,7 +500,7 @@ def _table_of_contents(release: Release, fetcher: Fetcher, say: Callable[[str], 
 
 def _install_delta(
     release: Release, dest: Path, toc: bytes, fetcher: Fetcher, staging: Path, say: Callable[[str], None]
-) -> Moved:
+) -> tuple[Delta, Moved]:
     """The new tree in ``staging``, from ``dest``'s chunks and the members of the new archive it lacks."""
     names = release.assets.parts(len(release.checksums))
     if any(name not in release.sizes for name in names) or release.source_date is None:
@@ -514,9 +517,7 @@ def _install_delta(
         dest,
         ChunkStore(fetcher.cache.root / "chunks"),
     )
-    moved = install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
-    delta.store.discard(chunk.digest for _, chunk in delta.toc.chunks())
-    return moved
+    return delta, install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
 
 
 def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None) -> None:
