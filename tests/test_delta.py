@@ -6,6 +6,7 @@ the previous install intact."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import shutil
@@ -54,8 +55,10 @@ def releases(built: Path, _server: UpstreamServer, tmp_path_factory: pytest.Temp
     library.write_bytes(bytes(data))
     (vllm / "envs.py").unlink()  # the new release adds it back
     (vllm / "only_in_the_old_release.py").write_text("gone = True\n")
-    make_release(old_root, _server.root / "releases" / "download" / OLD_TAG, OLD_TAG, date - 86400, PART_SIZE)
-    old, new = f"{_server.url}/releases/download/{OLD_TAG}/", publish(built, _server)
+    # The upstream's files are every worker's: the older release under a folder of this worker's own
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    make_release(old_root, _server.root / "older" / worker / OLD_TAG, OLD_TAG, date - 86400, PART_SIZE)
+    old, new = f"{_server.url}/older/{worker}/{OLD_TAG}/", publish(built, _server)
     for url, dest in ((old, work / "installed-old"), (new, work / "installed-new")):
         result = install(url, dest, work / "cache", "--no-delta")
         assert result.returncode == 0, result.stdout + result.stderr
@@ -247,7 +250,8 @@ def test_a_table_that_lies_gets_the_full_download(
 ) -> None:
     """A table that does not match the archive, even one release.json vouches for: the delta stops, and
     the whole release is downloaded and checked against its parts' sha256 instead."""
-    published = upstream.root / "lying" / tmp_path.name / TAG
+    case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"  # the upstream's files are every worker's
+    published = upstream.root / "lying" / case / TAG
     shutil.copytree(releases.new_dir, published)
     toc = json.loads(gzip.decompress((published / ASSETS.toc).read_bytes()))
     lie(toc)
@@ -257,7 +261,7 @@ def test_a_table_that_lies_gets_the_full_download(
     release["archive"]["toc"] = toc_field(ASSETS, data)
     (published / RELEASE_JSON).write_text(json.dumps(release))
     dest = previous(releases, tmp_path)
-    result = install(f"{upstream.url}/lying/{tmp_path.name}/{TAG}/", dest, tmp_path / "cache")
+    result = install(f"{upstream.url}/lying/{case}/{TAG}/", dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
     assert why in line
@@ -299,3 +303,28 @@ def test_a_part_replaced_under_the_same_name_is_refused_with_the_previous_instal
     assert_one_line_error(result, "hash mismatch for")
     assert tree_with_times(dest) == before, "the previous install as it was"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vllm.")] == [".vllm.vllm-bundle.lock"]
+
+
+def test_a_chunk_fetched_while_assembling_is_shown_on_a_terminal(releases: Releases, tmp_path: Path) -> None:
+    """On a terminal (rich's bars), a chunk the plan took from the previous install but found changed is
+    fetched during the assembly, after the fetch step's bar is gone: it gets a bar of its own."""
+    from rich.console import Console
+
+    from vllm_bundle.install.installer import install_release, release_from_assets
+    from vllm_bundle.util.cache import Cache
+    from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.progress import RichReporter
+    from vllm_bundle.util.transport import RetryPolicy
+
+    dest = previous(releases, tmp_path)
+    launcher = dest / "bin" / "vllm-server"
+    launcher.write_text(launcher.read_text().replace("#", "# edited", 1))
+    policy, said = RetryPolicy(), list[str]()
+    release = release_from_assets(releases.new, policy)
+    screen = io.StringIO()
+    reporter = RichReporter(Console(file=screen, force_terminal=True, width=160), None)
+    with reporter, Fetcher(Cache(tmp_path / "cache"), reporter, policy=policy) as fetcher:
+        assert install_release(release, dest, fetcher, policy, said.append)
+    assert any(line.startswith(f"delta from {OLD_TAG}") for line in said), said
+    assert "fetch a changed chunk" in screen.getvalue()
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)

@@ -26,6 +26,7 @@ the archive writer gives every entry of the tar stream (:func:`vllm_bundle.relea
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
@@ -360,7 +361,6 @@ class MemberFetcher:
     parts: Sequence[Part]
     session: requests.Session | None  # None: the parts are files
     store: ChunkStore
-    progress: Callable[[int], None]
     moved: Moved = field(default_factory=Moved)
     by_member: dict[int, list[Chunk]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -369,8 +369,9 @@ class MemberFetcher:
         for _, chunk in self.toc.chunks():
             self.by_member.setdefault(chunk.member, []).append(chunk)
 
-    def fetch(self, members: Sequence[int]) -> None:
-        """Every member in ``members`` (sorted), adjacent ones in one request, several at a time."""
+    def fetch(self, members: Sequence[int], progress: Callable[[int], None]) -> None:
+        """Every member in ``members`` (sorted), adjacent ones in one request, several at a time;
+        ``progress`` is told each count of bytes received."""
         groups: list[list[int]] = []
         for number in members:
             last = groups[-1] if groups else None
@@ -380,16 +381,16 @@ class MemberFetcher:
             else:
                 groups.append([number])
         with ThreadPoolExecutor(REQUESTS_AT_ONCE) as pool:
-            for done in pool.map(self._fetch_group, groups):
+            for done in pool.map(functools.partial(self._fetch_group, progress=progress), groups):
                 del done
 
-    def _fetch_group(self, group: list[int]) -> None:
+    def _fetch_group(self, group: list[int], progress: Callable[[int], None]) -> None:
         """The members of ``group`` in one request; one cut off is asked again from the first member it
         had not finished (what came before it is kept), up to :data:`RANGE_ATTEMPTS` times."""
         remaining, why = list(group), ""
         for _ in range(RANGE_ATTEMPTS):
             first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
-            body = _Body(self._bytes(first[0], last[0] + last[1]))
+            body = _Body(self._bytes(first[0], last[0] + last[1], progress))
             try:
                 while remaining:
                     self._keep(remaining[0], body.take(self.toc.members[remaining[0]][1]))
@@ -420,20 +421,20 @@ class MemberFetcher:
         with self.lock:
             self.moved.members += 1
 
-    def _bytes(self, start: int, end: int) -> Generator[bytes, None, None]:
+    def _bytes(self, start: int, end: int, progress: Callable[[int], None]) -> Generator[bytes, None, None]:
         for part, low, high in _spans(self.parts, start, end):
-            yield from (self._read_file if self.session is None else self._get)(part, low, high)
+            yield from (self._read_file if self.session is None else self._get)(part, low, high, progress)
 
-    def _read_file(self, part: Part, low: int, high: int) -> Iterator[bytes]:
+    def _read_file(self, part: Part, low: int, high: int, progress: Callable[[int], None]) -> Iterator[bytes]:
         with Path(part.location).open("rb") as handle:
             handle.seek(low)
             data = handle.read(high - low)
         with self.lock:
             self.moved.requests += 1
-        self._count(len(data))
+        self._count(len(data), progress)
         yield data
 
-    def _get(self, part: Part, low: int, high: int) -> Iterator[bytes]:
+    def _get(self, part: Part, low: int, high: int, progress: Callable[[int], None]) -> Iterator[bytes]:
         assert self.session is not None
         headers = {"Range": f"bytes={low}-{high - 1}", "Accept-Encoding": "identity"}
         try:
@@ -448,15 +449,15 @@ class MemberFetcher:
                 with self.lock:
                     self.moved.requests += 1
                 while piece := answer.raw.read1(1 << 20):
-                    self._count(len(piece))
+                    self._count(len(piece), progress)
                     yield piece
         except requests.RequestException as err:
             raise _Cut(describe(err)) from None
 
-    def _count(self, size: int) -> None:
+    def _count(self, size: int, progress: Callable[[int], None]) -> None:
         with self.lock:
             self.moved.fetched += size
-            self.progress(size)
+            progress(size)
 
 
 class _Cut(Exception):
@@ -514,9 +515,15 @@ class Sources:
     (a chunk the plan took for re-usable whose file changed since)."""
 
     def __init__(
-        self, store: ChunkStore, previous: Previous, fetcher: MemberFetcher, progress: Callable[[int], None]
+        self,
+        store: ChunkStore,
+        previous: Previous,
+        fetcher: MemberFetcher,
+        reporter: Reporter,
+        progress: Callable[[int], None],
     ) -> None:
-        self.store, self.previous, self.fetcher, self.progress = store, previous, fetcher, progress
+        self.store, self.previous, self.fetcher = store, previous, fetcher
+        self.reporter, self.progress = reporter, progress
         self.reused = 0
 
     def chunk(self, chunk: Chunk) -> bytes:
@@ -526,7 +533,9 @@ class Sources:
             if data is not None:
                 self.reused += chunk.size
         if data is None:
-            self.fetcher.fetch([chunk.member])
+            size = self.fetcher.toc.members[chunk.member][1]
+            with reported_step(self.reporter, "fetch a changed chunk", size, download=True) as progress:
+                self.fetcher.fetch([chunk.member], progress)
             data = self.store.get(chunk.digest, chunk.size)
         if data is None:
             raise DeltaUnavailable("a chunk fetched from the release could not be kept in the download cache")
@@ -633,11 +642,11 @@ def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable
             f"({len(chosen.fetch)} of {len(delta.toc.members)} members)"
         )
         with reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as progress:
-            fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store, progress)
-            fetcher.fetch(chosen.fetch)
+            fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store)
+            fetcher.fetch(chosen.fetch, progress)
         total = sum(chunk.size for _, chunk in delta.toc.chunks())
         with reported_step(reporter, "assemble", total) as progress:
-            sources = Sources(delta.store, previous, fetcher, progress)
+            sources = Sources(delta.store, previous, fetcher, reporter, progress)
             archive = TocArchive(delta.toc, sources, delta.mtime)
             try:
                 safe_extract(archive, staging, source)
