@@ -149,12 +149,19 @@ def test_a_file_changed_in_the_previous_install_is_fetched_not_copied(
 def test_a_cut_range_is_resumed_from_the_member_it_stopped_at(
     releases: Releases, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
+    """Each part's first answer is cut after 2000 bytes: the Range request that meets it is asked again
+    from the member it had not finished, and the update is still a delta."""
     dest = previous(releases, tmp_path)
-    upstream.inject("*", Fault("cut", after=2000, times=1))
+    for part in releases.new_dir.glob(f"{ASSETS.stem}.part*.tar.gz"):
+        upstream.inject(f"/releases/download/{TAG}/{part.name}", Fault("cut", after=2000, times=1))
     result = install(releases.new, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "downloading the whole release" not in result.stdout, result.stdout
-    assert all(header is not None for header, _ in part_requests(upstream))
+    requests = part_requests(upstream)
+    assert all(header is not None for header, _ in requests), "Range requests only"
+    cut = [header for header, size in requests if size == 2000]
+    assert cut, f"a Range answer was cut: {requests}"
+    assert len(requests) > len(cut), "and asked again"
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import requests
+import urllib3
 
 from vllm_bundle.errors import UnsafeArchiveError
 from vllm_bundle.util.extract import safe_extract
@@ -451,7 +452,7 @@ class MemberFetcher:
                 while piece := answer.raw.read1(1 << 20):
                     self._count(len(piece), progress)
                     yield piece
-        except requests.RequestException as err:
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as err:  # read1: urllib3's own
             raise _Cut(describe(err)) from None
 
     def _count(self, size: int, progress: Callable[[int], None]) -> None:
