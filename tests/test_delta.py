@@ -335,3 +335,20 @@ def test_a_chunk_fetched_while_assembling_is_shown_on_a_terminal(releases: Relea
     assert any(line.startswith(f"delta from {OLD_TAG}") for line in said), said
     assert "fetch a changed chunk" in screen.getvalue()
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+
+
+def test_a_chunk_cache_that_is_a_link_is_refused_in_one_line(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The chunks a delta keeps are download cache entries: like every other, never written through a
+    symbolic link (util/cache.py), and the previous install stays as it was."""
+    dest = previous(releases, tmp_path)
+    before = tree_with_times(dest)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "chunks").symlink_to(elsewhere)
+    result = install(releases.new, dest, tmp_path / "cache")
+    assert_one_line_error(result, "is a symbolic link")
+    assert list(elsewhere.iterdir()) == [], "nothing written through the link"
+    assert tree_with_times(dest) == before

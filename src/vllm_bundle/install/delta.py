@@ -47,6 +47,7 @@ import requests
 import urllib3
 
 from vllm_bundle.errors import UnsafeArchiveError
+from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.progress import Reporter, human_size, reported_step
 from vllm_bundle.util.transport import describe
@@ -239,11 +240,11 @@ class ChunkStore:
     off resumes from them. Every read hashes the chunk again (a torn or changed file is a miss), so writes
     need no fsync."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
 
     def _path(self, digest: str) -> Path:
-        return self.root / digest[:2] / digest
+        return self.cache.chunk(digest)  # refused where the cache would be written through a link
 
     def get(self, digest: str, size: int) -> bytes | None:
         try:

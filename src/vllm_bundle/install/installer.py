@@ -515,7 +515,7 @@ def _install_delta(
         fetcher.session if release.is_url() else None,
         release.source_date,
         dest,
-        ChunkStore(fetcher.cache.root / "chunks"),
+        ChunkStore(fetcher.cache),
     )
     return delta, install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
 

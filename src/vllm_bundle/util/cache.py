@@ -83,6 +83,10 @@ class Cache:
     def blob(self, sha256: str) -> Path:
         return self._entry(sha256, "blobs", "sha256", sha256[:2], sha256)
 
+    def chunk(self, sha256: str) -> Path:
+        """A chunk a delta install fetched and checked (install/delta.py), under its sha256."""
+        return self._entry(sha256, "chunks", sha256[:2], sha256)
+
     def partial(self, sha256: str) -> Path:
         return self._entry(sha256, "partial", f"{sha256}.part")
 
