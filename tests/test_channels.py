@@ -305,10 +305,16 @@ def test_a_fact_without_a_commit_is_caught() -> None:
 TARGETS = load_recipes(REPO / "recipes").targets
 
 
-#: The channels besides the default whose fake index has content to build from: every target is built on
-#: each (below). A per-family index's wheels are stubs (therock.py ``_built_contents``), so nightly-legacy
-#: is locked, not built; the default channel's targets are built in test_targets.py.
-BUILT_CHANNELS = [name for name, (_, facts) in CHANNELS.items() if name != "stable" and facts.layout != "per-family"]
+#: The channels besides the default, each with the targets its fake index serves: every one is built from it
+#: (below). A per-family index serves only the families TheRock made one for (none for gfx1150); the default
+#: channel's targets are built in test_targets.py.
+BUILT_CHANNELS = [name for name in CHANNELS if name != "stable"]
+BUILT = [
+    (channel, target)
+    for channel in BUILT_CHANNELS
+    for target in TARGETS
+    if CHANNELS[channel][1].layout != "per-family" or TARGETS[target].legacy_family in CHANNELS[channel][1].families
+]
 
 
 def _assert_locked_for(target: str, channel: str, recipes: Path) -> None:
@@ -322,37 +328,38 @@ def _assert_locked_for(target: str, channel: str, recipes: Path) -> None:
         assert {f"rocm-sdk-device-{isa}", f"amd-torch-device-{isa}"} <= set(packages), (isa, sorted(packages))
 
 
-@pytest.mark.parametrize("target", [name for name in TARGETS if name != "gfx1151"])  # gfx1151: above
-@pytest.mark.parametrize("channel", [name for name in CHANNELS if name not in BUILT_CHANNELS])
-def test_every_target_locks_on_every_channel_that_serves_it(
+@pytest.mark.parametrize(
+    ("channel", "target"),
+    [(c, t) for c in BUILT_CHANNELS for t in TARGETS if (c, t) not in BUILT],  # stable: test_targets.py
+)
+def test_a_target_a_channel_does_not_serve_is_refused_in_one_line(
     channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """A per-family index serves the families TheRock made one for (facts.toml: none for gfx1150); a
-    target it does not serve is one line. (The channels built from lock every target in the test below.)"""
-    facts = CHANNELS[channel][1]
-    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
+    """A per-family index serves the families TheRock made one for (facts.toml: none for gfx1150): the lock
+    of any other target says so in one line. (Every target a channel serves is built in the test below.)"""
     family = TARGETS[target].legacy_family
-    if facts.layout == "per-family" and family not in facts.families:
-        assert_one_line_error(result, f"TheRock has no per-family index for {family}", "--channel stable")
-        return
-    assert result.returncode == 0, result.stderr
-    _assert_locked_for(target, channel, recipes_dir)
+    assert CHANNELS[channel][1].layout == "per-family" and family not in CHANNELS[channel][1].families
+    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
+    assert_one_line_error(result, f"TheRock has no per-family index for {family}", "--channel stable")
 
 
-@pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("channel", BUILT_CHANNELS)
+@pytest.mark.parametrize(("channel", "target"), BUILT)
 def test_every_target_is_built_qualified_and_released_on_every_channel_built_from(
     channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
     """Each target from a channel's own index, lock to release assets (#33): the lock holds every ISA's
-    device packages, vLLM's own CMake builds real code objects for each ISA against that channel's torch
-    (frozen-7.14: torch 2.12 on ROCm 7.14) and SDK, tier 0 passes, and the release is tagged with the
-    channel's ROCm and names the channel and its torch."""
+    device packages (a per-family index: the family's libraries), vLLM's own CMake builds real code objects
+    for each ISA against that channel's torch (frozen-7.14: torch 2.12 on ROCm 7.14; nightly-legacy: torch
+    2.9 and a per-family SDK, whose devel tree links into ``_rocm_sdk_libraries_<family>``) and SDK, tier 0
+    passes (on nightly-legacy reading the SDK's and torch's device code from their fat binaries), and the
+    release is tagged with the channel's ROCm and names the channel and its torch."""
     facts = CHANNELS[channel][1]
     result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
     assert result.returncode == 0, result.stderr
     _assert_locked_for(target, channel, recipes_dir)
     args = bundle_args(recipes_dir, upstream, tmp_path / "build", tmp_path / "cache")
+    if facts.layout == "per-family":  # each family's index has files named as the others': no flat mirror
+        del args[args.index("--mirror") : args.index("--mirror") + 2]
     result = run_cli(args[0], target, *args[2:], "--channel", channel, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     isas = list(TARGETS[target].isas)
@@ -364,3 +371,6 @@ def test_every_target_is_built_qualified_and_released_on_every_channel_built_fro
     site = tmp_path / "build" / target / "root" / f"lib/python{PYTHON_MINOR}/site-packages"
     for name in DEVICE_CODE:
         assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == set(isas), name
+    if facts.layout == "per-family":  # the SDK's and torch's device code inside their libraries, as tier 0 read it
+        assert not list(site.rglob("*.kpack")), "a per-family index's wheels have no split device code"
+        assert fatbin_isas(site / "torch" / "lib" / "libtorch_hip.so") == set(isas)

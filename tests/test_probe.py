@@ -68,7 +68,8 @@ def test_the_fake_upstream_agrees_with_every_fact(upstream: UpstreamServer, reci
     index = INDEX[channel].format(family="gfx1151")
     assert f"/{index}/vllm-bundle-probe-no-such-project/" in asked, "the missing-page status was asked for"
     assert "/releases/SHA256SUMS" in asked, "the CPython asset was looked up in its release's checksums"
-    torch = [r for r in upstream.log if r.path.startswith("/files/torch-2.")]
+    files = "/files/gfx1151/" if "{family}" in INDEX[channel] else "/files/"  # a per-family index's own
+    torch = [r for r in upstream.log if r.path.startswith(f"{files}torch-2.")]
     assert torch and all(r.range or r.method == "HEAD" for r in torch), "torch's METADATA read by range, not downloaded"
     if channel in ("stable", "nightly"):
         assert f"/therock/{channel}/pytorch/whl-next/torch/" in asked, "each package's owner index was asked"

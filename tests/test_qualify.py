@@ -19,8 +19,9 @@ from tests.code_objects import offload_bundle
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from vllm_bundle.errors import RecipeError
-from vllm_bundle.qualify.tier0 import manylinux_libraries
+from vllm_bundle.qualify.tier0 import check_device_code, manylinux_libraries
 from vllm_bundle.recipes import load_recipes
+from vllm_bundle.tree.assemble import Layout
 from vllm_bundle.tree.records import read_record, refresh_records, verify_records
 from vllm_bundle.tree.vllm_extensions import extension_problems
 from vllm_bundle.util.elf import set_runpath
@@ -363,6 +364,49 @@ def test_each_hip_extension_must_carry_code_for_every_isa_of_its_target(
         problems, _ = extension_problems(found, RULE_0_33, isas)
         has = ", ".join(sorted(kept)) or "none"
         assert problems == [f"vllm/{name}.abi3.so has no code objects for {lost} (it has {has})"]
+
+
+def _device_code_problems(site: Path, target: str) -> list[str]:
+    layout = Layout(site.parents[2], PYTHON_MINOR)
+    assert layout.site == site
+    return check_device_code(layout, RECIPES.targets[target]).problems
+
+
+@pytest.mark.parametrize("target", sorted(RECIPES.targets))
+def test_the_sdks_and_torchs_device_code_is_found_split_or_inside_their_libraries(
+    target: str, code_objects: dict[str, bytes], tmp_path: Path
+) -> None:
+    """The ROCm SDK and torch each carry code for every ISA of the target: as kpack archives named for it
+    (what a multi-arch index's device packages install) or as code objects in their libraries' fat
+    binaries (a per-family index's wheels, tests/upstream/therock.py ``_per_family_sdk``). A bundle without
+    one ISA's code in one of them fails naming both; a kpack or a code object of another ISA does not count."""
+    isas = list(RECIPES.targets[target].isas)
+    split = tmp_path / "split" / SITE
+    for home, stem in (("_rocm_sdk_libraries", "blas_lib"), ("torch", "torch")):
+        (split / home / ".kpack").mkdir(parents=True)
+        for isa in isas:
+            (split / home / ".kpack" / f"{stem}_{isa}.kpack").write_bytes(b"kpack")
+    assert _device_code_problems(split, target) == []
+    lost = isas[-1]
+    (split / "torch" / ".kpack" / f"torch_{lost}.kpack").rename(split / "torch" / ".kpack" / "torch_gfx9000.kpack")
+    assert _device_code_problems(split, target) == [f"no device code for {lost} in torch (no .kpack, no code object)"]
+
+    family = tmp_path / "family" / SITE
+    libraries = family / f"_rocm_sdk_libraries_{RECIPES.targets[target].legacy_family.replace('-', '_')}" / "lib"
+    (family / "torch" / "lib").mkdir(parents=True)
+    libraries.mkdir(parents=True)
+    _extension_with_fatbin(libraries / "librocblas.so.5", _offload_bundle(code_objects, isas))
+    torch = family / "torch" / "lib" / "libtorch_hip.so"
+    _extension_with_fatbin(torch, _compressed(_offload_bundle(code_objects, isas)))
+    assert _device_code_problems(family, target) == []
+    other = "gfx942" if lost != "gfx942" else "gfx1151"
+    _extension_with_fatbin(torch, _compressed(_offload_bundle(code_objects, [*isas[:-1], other])))
+    assert _device_code_problems(family, target) == [f"no device code for {lost} in torch (no .kpack, no code object)"]
+    (libraries / "librocblas.so.5").unlink()
+    assert _device_code_problems(family, target) == [
+        *(f"no device code for {isa} in the ROCm SDK's libraries (no .kpack, no code object)" for isa in isas),
+        f"no device code for {lost} in torch (no .kpack, no code object)",
+    ]
 
 
 def _drop_extension(root: Path) -> None:

@@ -48,12 +48,14 @@ from packaging.utils import canonicalize_name
 from vllm_bundle.inputs.facts import IndexFacts
 from vllm_bundle.inputs.triton_kernels import triton_commit
 from vllm_bundle.util.elf import dynamic_info, patchelf_bin, set_runpath
+from vllm_bundle.util.offload import SECTION
 
+from ..code_objects import compile_code_objects, offload_bundle
 from . import pypi, therock
 from .packaging_fixtures import compile_shared, make_tarball, make_tarball_from_tree, make_wheel
 from .real_wheels import RealWheels
 from .rocm_cmake import CORE, LIBRARIES, runtime_libraries
-from .therock import FACTS, LIBRARY_KEYS, MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
+from .therock import FACTS, FAMILY_DEVICE_LIBRARIES, FAMILY_ISAS, LIBRARY_KEYS, MULTI_ARCH, NEXT, NIGHTLY, PER_FAMILY
 from .torch_cmake import LIBRARIES as TORCH_LIBRARIES
 from .vllm_release import TRITON_KERNELS_COMMIT, VERSION, fixture_vllm_sdist
 
@@ -150,8 +152,10 @@ class Fixture:
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
     def serve(self, index: str, artifacts: list[Path]) -> None:
+        """``artifacts`` on ``index``'s pages; those directly under ``files/`` are in the flat mirror too (a
+        per-family index's, under ``files/<family>/``, share their names with the other families')."""
         self.indexes.setdefault(index, []).extend(artifacts)
-        self.files.update({a.name: a for a in artifacts})
+        self.files.update({a.name: a for a in artifacts if a.parent == self.root / "files"})
 
 
 def _elf_chain(work: Path) -> dict[str, Path]:
@@ -200,6 +204,27 @@ def _elf_chain(work: Path) -> dict[str, Path]:
         python_headers=sysconfig.get_paths()["include"],
     )
     return libs
+
+
+def _family_device_code(libs: dict[str, Path], work: Path) -> dict[str, Path]:
+    """``<key>@<family>`` for each library a per-family index's wheels carry their family's device code in
+    (therock.FAMILY_DEVICE_LIBRARIES): the fixture's library with a ``.hip_fatbin`` section holding a clang
+    offload bundle of real code objects for each ISA of the family, compiled by the SDK's compiler (the
+    real ziglang wheel's clang; tests/code_objects.py)."""
+    zig = libs["sdk-clang"] / "ziglang" / "zig"
+    isas = {isa for family in PER_FAMILY.families for isa in FAMILY_ISAS[family]}
+    objects = compile_code_objects(zig, isas, work / "code-objects")
+    carrying: dict[str, Path] = {}
+    for family in PER_FAMILY.families:
+        bundle = work / "code-objects" / f"{family}.hip_fatbin"
+        bundle.write_bytes(offload_bundle({isa: objects[isa] for isa in FAMILY_ISAS[family]}))
+        for key in FAMILY_DEVICE_LIBRARIES:
+            library = work / family / libs[key].name
+            library.parent.mkdir(parents=True, exist_ok=True)
+            command = ["objcopy", "--add-section", f"{SECTION}={bundle}", str(libs[key]), str(library)]
+            subprocess.run(command, check=True, capture_output=True, timeout=60)
+            carrying[f"{key}@{family}"] = library
+    return libs | carrying
 
 
 _STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__", "lib2to3", "ensurepip"}
@@ -399,14 +424,14 @@ def write_index(fx: Fixture) -> None:
             anchors, entries = [], []
             for path in paths:
                 sha = hashlib.sha256(path.read_bytes()).hexdigest()
-                href = f"{depth}files/{path.name}"
+                href = f"{depth}{path.relative_to(fx.root).as_posix()}"
                 if facts is None or not therock.hashless(path.name, facts):
                     href += f"#sha256={sha}"
                 anchors.append(f'<a href="{html.escape(href)}">{html.escape(path.name)}</a><br/>')
                 entries.append(
                     {
                         "filename": path.name,
-                        "url": f"{depth}files/{path.name}",
+                        "url": f"{depth}{path.relative_to(fx.root).as_posix()}",
                         "hashes": {"sha256": sha},
                         "size": path.stat().st_size,
                         "upload-time": "2025-11-20T00:00:00Z",
@@ -429,6 +454,7 @@ def build_fixture(root: Path, real: RealWheels, cache: Path | None = None) -> Fi
     libs = _elf_chain(root / "_work")
     libs["triton-amd"] = real.triton_amd  # a directory: the real triton/backends/amd/{driver.c,include/}
     libs["sdk-clang"] = therock.sdk_toolchain(real.ziglang, root / "_work")  # a directory: the SDK's compiler
+    libs = _family_device_code(libs, root / "_work" / "families")
     for version, members in real.torch.items():  # directories: members of real torch wheels (torch/...)
         libs[f"torch-members-{version}"] = members
     _python_tarball(fx, cache)

@@ -149,8 +149,15 @@ MARKUPSAFE = {
     ),
 }
 #: Read by range for the members below only (the same files in every CPython tag's wheel), one wheel for
-#: each torch release the fake indexes serve (2.12.0 on whl-multi-arch, 2.13.0 on whl-next).
+#: each torch release the fake indexes serve (2.9.0 on the per-family ones, 2.12.0 on whl-multi-arch, 2.13.0
+#: on whl-next).
 TORCH = {
+    "2.9.0": Pinned(
+        "torch",
+        "torch-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "51de31219c97c51cf4bf2be94d622e3deb5dcc526c6dc00e97c17eaec0fc1d67",
+        899_815_990,
+    ),
     "2.12.0": Pinned(
         "torch",
         "torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl",

@@ -46,6 +46,20 @@ NEXT = FACTS.indexes["stable/whl-next"]
 NIGHTLY = FACTS.indexes["nightly/whl-next"]
 PER_FAMILY = FACTS.indexes["v2/{family}"]
 ALL_ISAS = ("gfx1150", "gfx1151", "gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1200", "gfx1201", "gfx942", "gfx950")
+#: The ISAs each legacy per-family index built for: its wheels carry device code for these, inside their
+#: libraries (ROCm/TheRock@89553ce docs/packaging/legacy_per_family_releases.md:48-56, the table of GPUs,
+#: ISAs and families; cmake/therock_amdgpu_targets.cmake, each ``therock_add_amdgpu_target(<isa> ... FAMILY
+#: ... <family>)``, and an ISA is a family of its own).
+FAMILY_ISAS = {
+    "gfx1151": ("gfx1151",),
+    "gfx110X-all": ("gfx1100", "gfx1101", "gfx1102", "gfx1103"),
+    "gfx120X-all": ("gfx1200", "gfx1201"),
+    "gfx94X-dcgpu": ("gfx942",),
+    "gfx950-dcgpu": ("gfx950",),
+}
+#: The libraries of a per-family index that carry the family's device code in their fat binaries
+#: (``.hip_fatbin``): one of the SDK's, and torch's own, built without TheRock's kpack split.
+FAMILY_DEVICE_LIBRARIES = ("rocblas", "torch_hip")  # keys of the fixture's libraries (fixture._elf_chain)
 AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
 
 
@@ -101,28 +115,36 @@ ROCM_SETUP = """import os, subprocess, sysconfig
 from setuptools import find_packages, setup
 
 VERSION = {version!r}
-ISAS = {isas!r}
+AVAILABLE_TARGET_FAMILIES = {families!r}
 DEFAULT_TARGET_FAMILY = {default!r}
+# A kpack-split (multi-arch) SDK has one rocm-sdk-libraries and a device package per ISA; a per-family one,
+# rocm-sdk-libraries-<family> with the family's device code inside.
+KPACK_SPLIT = {split!r}
 
 
 def determine_target_family():
     # rocm_sdk/_dist_info.py: $ROCM_SDK_TARGET_FAMILY, else what offload-arch reports on this machine
-    # (the interpreter's scripts directory first on PATH), else the default.
+    # (the interpreter's scripts directory first on PATH), else the default. (The real one also maps an
+    # ISA to the family names it belongs to; the pipeline always sets the variable.)
     family = os.getenv("ROCM_SDK_TARGET_FAMILY")
     if family is None:
         path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
         try:
             found = subprocess.check_output(["offload-arch"], env={{**os.environ, "PATH": path}}, text=True)
-            family = next((isa for isa in found.split() if isa in ISAS), None)
+            family = next((isa for isa in found.split() if isa in AVAILABLE_TARGET_FAMILIES), None)
         except (OSError, subprocess.CalledProcessError):
             family = None
     family = family or DEFAULT_TARGET_FAMILY
-    if family not in ISAS:
-        raise ValueError(f"Requested ROCM_SDK_TARGET_FAMILY={{family}} is not available")
+    if family not in AVAILABLE_TARGET_FAMILIES:
+        raise ValueError(
+            f"Requested ROCM_SDK_TARGET_FAMILY={{family}} is not available in the distribution "
+            f"(available: {{', '.join(AVAILABLE_TARGET_FAMILIES)}})"
+        )
     return family
 
 
 TARGET_FAMILY = determine_target_family()
+LIBRARIES = "rocm-sdk-libraries" if KPACK_SPLIT else f"rocm-sdk-libraries-{{TARGET_FAMILY}}"
 
 setup(
     name="rocm",
@@ -132,10 +154,10 @@ setup(
     entry_points={{"console_scripts": ["rocm-sdk = rocm_sdk.__main__:main"]}},
     install_requires=[f"rocm-sdk-core=={{VERSION}}"],
     extras_require={{
-        "libraries": [f"rocm-sdk-libraries=={{VERSION}}"],
+        "libraries": [f"{{LIBRARIES}}=={{VERSION}}"],
         "devel": [f"rocm-sdk-devel=={{VERSION}}"],
         "device": [f"rocm-sdk-device-{{TARGET_FAMILY}}=={{VERSION}}"],
-        **{{f"device-{{isa}}": [f"rocm-sdk-device-{{isa}}=={{VERSION}}"] for isa in ISAS}},
+        **{{f"device-{{isa}}": [f"rocm-sdk-device-{{isa}}=={{VERSION}}"] for isa in KPACK_SPLIT}},
     }},
 )
 """
@@ -152,13 +174,20 @@ TRITON_TARGET_INFO = b"".join(
 BUILD_SYSTEM = b'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
 
 
-def rocm_sdist(out: Path, version: str) -> Path:
-    """``rocm-<ver>.tar.gz``: TheRock publishes the meta package only as an sdist."""
+def rocm_sdist(out: Path, version: str, index: IndexFacts) -> Path:
+    """``rocm-<ver>.tar.gz``: TheRock publishes the meta package only as an sdist. A per-family index's is
+    built for its one family, which is its default and only choice (ROCm/TheRock@89553ce
+    build_tools/_therock_utils/py_packaging.py:240-256 ``restrict_families``; templates/rocm/setup.py:51-58:
+    each extra names the package of that family, ``rocm-sdk-libraries-{target_family}``)."""
     top = f"rocm-{version}"
+    if index.layout == "per-family":
+        setup = ROCM_SETUP.format(version=version, families=index.families, default=index.families[0], split=())
+    else:
+        setup = ROCM_SETUP.format(version=version, families=ALL_ISAS, default="gfx1151", split=ALL_ISAS)
     files = {
         f"{top}/PKG-INFO": f"Metadata-Version: 2.1\nName: rocm\nVersion: {version}\n".encode(),
         f"{top}/pyproject.toml": BUILD_SYSTEM,
-        f"{top}/setup.py": ROCM_SETUP.format(version=version, isas=ALL_ISAS, default="gfx1151").encode(),
+        f"{top}/setup.py": setup.encode(),
         f"{top}/src/rocm_sdk/__init__.py": ROCM_SDK_INIT.encode(),
         f"{top}/src/rocm_sdk/__main__.py": ROCM_SDK_MAIN.encode(),
         f"{top}/src/rocm_sdk/_devel.py": Path(__file__).with_name("fake_rocm_devel.py").read_bytes(),
@@ -380,12 +409,21 @@ def compiler_wrapper(name: str, version: str, toolchain: Path) -> bytes:
 LIBRARY_KEYS = {"libamdhip64.so.7": "hip", "libamd_comgr.so.3": "comgr", "librocblas.so.5": "rocblas"}
 
 
-def runtime_libraries(home: str, libs: dict[str, Path]) -> dict[str, Path]:
-    """``<home>/lib/<soname>`` -> ELF file, for the libraries rocm_cmake puts in ``home``'s wheel."""
-    return {f"{home}/lib/{so}": libs[LIBRARY_KEYS.get(so, so)] for so in rocm_cmake.runtime_libraries(home)}
+def runtime_libraries(home: str, libs: dict[str, Path], platform: str = "") -> dict[str, Path]:
+    """``<platform>/lib/<soname>`` -> ELF file, for the libraries rocm_cmake puts in ``home``'s wheel, whose
+    platform directory is ``platform`` (default: ``home``)."""
+    return {f"{platform or home}/lib/{so}": libs[LIBRARY_KEYS.get(so, so)] for so in rocm_cmake.runtime_libraries(home)}
 
 
-def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
+def libraries_package(index: IndexFacts) -> str:
+    """The platform directory of the SDK's math libraries: ``_rocm_sdk_libraries``, or on a per-family
+    index ``_rocm_sdk_libraries_<family>`` with ``-`` as ``_`` (facts.toml, rocm-sdk-libraries-{family})."""
+    if index.layout != "per-family":
+        return rocm_cmake.LIBRARIES
+    return f"{rocm_cmake.LIBRARIES}_{index.families[0].replace('-', '_')}"
+
+
+def core_files(version: str, libs: dict[str, Path], isas: tuple[str, ...] = ALL_ISAS) -> dict[str, bytes | Path]:
     files: dict[str, bytes | Path] = {
         "_rocm_sdk_core/__init__.py": b"",
         **runtime_libraries(rocm_cmake.CORE, libs),
@@ -395,7 +433,7 @@ def core_files(version: str, libs: dict[str, Path]) -> dict[str, bytes | Path]:
         "_rocm_sdk_core/lib/llvm/amdgcn/bitcode/ocml.bc": b"BC\xc0\xde fixture device library\n",
         "_rocm_sdk_core/include/hip/hip_runtime.h": HIP_RUNTIME_H,
         "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
-        "_rocm_sdk_core/share/therock/dist_info.json": json.dumps({"dist_amdgpu_targets": ";".join(ALL_ISAS)}).encode(),
+        "_rocm_sdk_core/share/therock/dist_info.json": json.dumps({"dist_amdgpu_targets": ";".join(isas)}).encode(),
     }
     for name in DRIVER_MODES:
         files[f"_rocm_sdk_core/lib/llvm/bin/{name}"] = compiler_wrapper(name, version, libs["sdk-clang"])
@@ -449,14 +487,40 @@ def _stub(path: str) -> bytes:
     return b"" if path.endswith("__init__.py") else f"{path}\n".encode()
 
 
+def _per_family_sdk(name: str, rocm: str, libs: dict[str, Path], work: Path, index: IndexFacts) -> dict[str, Content]:
+    """A per-family index's SDK wheels: core as everywhere, and the math libraries in the family's own
+    platform directory, where the family's devel tarball links ("each wheel is NOT generic": ROCm/TheRock@89553ce
+    build_tools/build_python_packages.py:459-466)."""
+    family = index.families[0]
+    platform = libraries_package(index)
+    core = core_files(rocm, libs, FAMILY_ISAS[family])
+    if name == "rocm-sdk-core":
+        return core
+    if name == "rocm-sdk-devel":
+        libraries = list(runtime_libraries(rocm_cmake.LIBRARIES, libs, platform))
+        return {
+            "rocm_sdk_devel/__init__.py": b"from ._dist_info import __version__\n",
+            "rocm_sdk_devel/_dist_info.py": f"__version__ = {rocm!r}\n".encode(),
+            "rocm_sdk_devel/_devel.tar": devel_tarball(core, libraries, work / f"devel-{rocm}-{family}", rocm),
+        }
+    return {  # rocm-sdk-libraries-<family>
+        f"rocm_sdk_libraries_{family}/__init__.py": f"__version__ = {rocm!r}\n".encode(),
+        **runtime_libraries(rocm_cmake.LIBRARIES, libs, platform),
+    }
+
+
 def _built_contents(
     name: str, values: Mapping[str, str], libs: dict[str, Path], work: Path, index: IndexFacts
 ) -> dict[str, Content]:
-    """The content the builder makes for a project, beyond the stubs its facts ask for (a per-family index's
-    are stubs only: the suite locks that channel and builds no bundle from it)."""
+    """The content the builder makes for a project, beyond the stubs its facts ask for. A per-family index
+    builds its wheels without TheRock's kpack split: the family's device code stays in the fat binaries of
+    the SDK's libraries and of torch's (``<key>@<family>``: fixture._family_device_code)."""
     rocm = values["rocm"]
     if index.layout == "per-family":
-        return {}
+        family = index.families[0]
+        libs = {**libs, **{key: libs[f"{key}@{family}"] for key in FAMILY_DEVICE_LIBRARIES}}
+        if name in ("rocm-sdk-core", "rocm-sdk-devel", f"rocm-sdk-libraries-{family}"):
+            return _per_family_sdk(name, rocm, libs, work, index)
     if name == "rocm-sdk-core":
         return core_files(rocm, libs)
     if name == "rocm-sdk-libraries":
@@ -503,7 +567,7 @@ def project_artifacts(
         values = {**index.versions, "cp": cp, **extra, **({"rocm": rocm} if rocm else {})}
         name, version = project.name.format_map(values), project.version.format_map(values)
         if project.kind == "sdist":
-            artifacts.append(rocm_sdist(files, version))
+            artifacts.append(rocm_sdist(files, version, index))
             continue
         contents = _built_contents(name, values, libs, files.parent / "_work", index)
         for path in project.files:
@@ -528,7 +592,13 @@ def is_sdk(project: ProjectFacts) -> bool:
 
 def stream_artifacts(files: Path, index: IndexFacts, libs: dict[str, Path], cp: str) -> dict[str, list[Path]]:
     """Every file one TheRock index serves, by the product that publishes it: its release, and the SDK of
-    its SDK-only releases."""
+    its SDK-only releases. A per-family index's files are under ``files/<family>/``: each family's index
+    serves its own torch, rocm sdist and SDK core and devel wheels under the same file names as every other
+    family's: their versions name the SDK, not the family (ROCm/TheRock@89553ce external-builds/pytorch/
+    build_prod_wheels.py:286-296, torch's ``+rocm<sdk version>``; docs/packaging/legacy_per_family_releases.md:
+    the same versions from each family's index)."""
+    if index.layout == "per-family":
+        files = files / index.families[0]
     by_owner: dict[str, list[Path]] = {}
     for project in FACTS.therock:
         if not index.serves(project):

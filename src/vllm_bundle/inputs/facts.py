@@ -105,7 +105,10 @@ class ProjectFacts:
         if "{isa}" in self.name:
             yield from ({"isa": isa} for isa in isas)
         elif "{family}" in self.name:
-            yield from ({"family": family} for family in (index.families if index else ()))
+            # {family_package}: the family as it is in a Python package's name, ``-`` as ``_`` (TheRock's
+            # py_packaging.py ``get_py_package_name``: _rocm_sdk_libraries_gfx110X_all)
+            families = index.families if index else ()
+            yield from ({"family": family, "family_package": family.replace("-", "_")} for family in families)
         elif "{bundle}" in self.name:
             for bundle in index.torch_device_bundles if index else ():
                 yield {"bundle": bundle, "aotriton": self.aotriton_dirs.get(bundle, f"amd-{bundle}")}

@@ -45,6 +45,7 @@ from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_tree
 from vllm_bundle.util.elf import dynamic_info, is_elf
 from vllm_bundle.util.extract import symlink_problems
 from vllm_bundle.util.fsutil import link_or_copy
+from vllm_bundle.util.offload import fatbin_isas
 from vllm_bundle.util.parts import extract_parts
 
 QUALIFY_FILE = "qualify.toml"
@@ -251,10 +252,46 @@ def check_records(layout: Layout) -> CheckResult:
     )
 
 
+#: Where the bundle's two holders of prebuilt device code keep it, as site-packages globs: TheRock's ROCm
+#: SDK (its math libraries' platform directory) and torch.
+DEVICE_CODE_HOMES = {"the ROCm SDK's libraries": "_rocm_sdk_libraries*", "torch": "torch"}
+
+
 def check_device_code(layout: Layout, target: Target) -> CheckResult:
-    hidden = [p for p in regular_files(layout.site) if ".kpack" in p.as_posix()]
-    problems = [f"no device code (.kpack) for {isa}" for isa in target.isas if not any(isa in p.name for p in hidden)]
-    return CheckResult("device-code", not problems, f"device code for {', '.join(target.isas)}", problems)
+    """The ROCm SDK and torch each carry code for every ISA of the target: as a kpack archive named for the
+    ISA (``.kpack/<name>_<isa>.kpack``, what a multi-arch index's device packages install), or as code
+    objects in their libraries' fat binaries (a per-family index's wheels, built without the kpack split)."""
+    problems = []
+    for holder, pattern in DEVICE_CODE_HOMES.items():
+        homes = [path for path in sorted(layout.site.glob(pattern)) if path.is_dir()]
+        missing = [isa for isa in target.isas if not any(_kpacks(home, isa) for home in homes)]
+        if missing:
+            carried = _fat_binary_isas(homes, set(missing))
+            problems += [
+                f"no device code for {isa} in {holder} (no .kpack, no code object)"
+                for isa in missing
+                if isa not in carried
+            ]
+    return CheckResult(
+        "device-code", not problems, f"ROCm SDK and torch device code for {', '.join(target.isas)}", problems
+    )
+
+
+def _kpacks(home: Path, isa: str) -> list[Path]:
+    return [path for path in (home / ".kpack").glob(f"*_{isa}.kpack") if path.is_file()]
+
+
+def _fat_binary_isas(homes: list[Path], wanted: set[str]) -> set[str]:
+    """The ISAs of ``wanted`` that code objects in the fat binaries of ``homes``' libraries are for; reads
+    no further than it must (a real SDK's and torch's libraries hold gigabytes of them)."""
+    found: set[str] = set()
+    for home in homes:
+        for library in sorted((home / "lib").rglob("*.so*")):
+            if found >= wanted:
+                return found
+            if library.is_file() and not library.is_symlink() and is_elf(library):
+                found |= fatbin_isas(library) & wanted
+    return found
 
 
 def check_vllm_device_code(layout: Layout, target: Target, rules: QualifyRules) -> CheckResult:

@@ -148,12 +148,14 @@ def install_build_group(wheels: Mapping[Path, str], site: Path, bin_dir: Path, p
 
 def expand_devel(site: Path, core: Path) -> Path:
     """Expand ``rocm_sdk_devel/_devel.tar(.xz)`` in ``site`` as ``_rocm_sdk_devel``, beside links to the
-    site stage's ``core`` and its ``_rocm_sdk_libraries`` (where the site stage has them); returns the
-    devel root. TheRock's devel tarball holds every file a runtime wheel already has as a relative link
-    into that wheel's directory (ROCm/TheRock build_tools/_therock_utils/py_packaging.py
-    ``_populate_devel_file``): the math libraries that torch's CMake config finds (rocblas, MIOpen, ...)
-    are in rocm-sdk-libraries, so without that link every one of them is a link to nothing, and CMake's
-    configure stops at the first ("The imported target roc::rocblas references the file ... but this file
+    site stage's ``core`` and its math libraries' platform directory: ``_rocm_sdk_libraries``, or a
+    per-family SDK's ``_rocm_sdk_libraries_<family>`` (ROCm/TheRock build_tools/build_python_packages.py:
+    459-466: a family's devel tarball links into that family's); returns the devel root. TheRock's devel
+    tarball holds every file a runtime wheel already has as a relative link into that wheel's directory
+    (ROCm/TheRock build_tools/_therock_utils/py_packaging.py ``_populate_devel_file``): the math libraries
+    that torch's CMake config finds (rocblas, MIOpen, ...) are in rocm-sdk-libraries, so without that link
+    every one of them is a link to nothing, and CMake's configure stops at the first ("The imported target
+    roc::rocblas references the file ... but this file
     does not exist")."""
     package = site / DEVEL_PACKAGE
     tarball = next((package / n for n in ("_devel.tar.xz", "_devel.tar") if (package / n).is_file()), None)
@@ -163,9 +165,9 @@ def expand_devel(site: Path, core: Path) -> Path:
             "re-lock; the channel's sdk-build-wheels must name rocm-sdk-devel",
         )
     (site / CORE).symlink_to(core, target_is_directory=True)
-    libraries = core.parent / LIBRARIES
-    if libraries.is_dir():
-        (site / LIBRARIES).symlink_to(libraries, target_is_directory=True)
+    for libraries in sorted(core.parent.glob(f"{LIBRARIES}*")):
+        if libraries.is_dir():
+            (site / libraries.name).symlink_to(libraries, target_is_directory=True)
 
     def inside_devel(name: str, member: tarfile.TarInfo) -> bool:
         if name != DEVEL and not name.startswith(f"{DEVEL}/"):
