@@ -4,6 +4,7 @@ source release on PyPI)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -30,11 +31,13 @@ from tests.upstream.fixture import (
     Fixture,
 )
 from tests.upstream.server import Fault, UpstreamServer
-from tests.upstream.therock import HIP_RUNTIME_H, MULTI_ARCH, NEXT, host_compiler, sdk_clang
+from tests.upstream.therock import HIP_RUNTIME_H, MULTI_ARCH, NEXT, PER_FAMILY, host_compiler, rocm_sdist, sdk_clang
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
+from vllm_bundle.errors import AssembleError
+from vllm_bundle.inputs.facts import IndexFacts
 from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.assemble import Layout, install_wheels
+from vllm_bundle.tree.assemble import Layout, build_sdist_wheel, install_wheels
 from vllm_bundle.util.elf import dynamic_info
 from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.offload import fatbin_isas
@@ -103,6 +106,16 @@ def test_the_bundle_builds_rocm_sdk_from_the_sdist(built: Path) -> None:
     report = json.loads((built / "gfx1151" / "qualify" / "qualification.json").read_text())
     smoke = next(c for c in report["checks"] if c["name"] == "relocated-smoke")
     assert smoke["passed"], "torch imports rocm_sdk at start-up: the bundle runs only with it"
+
+
+@pytest.mark.parametrize("index", [NEXT, dataclasses.replace(PER_FAMILY, families=("gfx1151",))], ids=lambda i: i.name)
+def test_an_sdk_family_the_rocm_sdist_was_not_built_for_is_named(index: IndexFacts, tmp_path: Path) -> None:
+    """TheRock's ``rocm`` sdist raises at build time for a family it was not built for (rocm_sdk/_dist_info.py
+    ``determine_target_family``); the error is its line, not uv's closing hint."""
+    sdist = rocm_sdist(tmp_path, NEXT.versions["rocm"], index)
+    with pytest.raises(AssembleError) as raised:
+        build_sdist_wheel(sdist, sdist.name, tmp_path / "out", 0, "gfx110X-all")
+    assert "Requested ROCM_SDK_TARGET_FAMILY=gfx110X-all is not available in the distribution" in str(raised.value)
 
 
 # -- 2. the closure needs manylinux_2_35 ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,9 +146,24 @@ def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: in
     shutil.rmtree(work, ignore_errors=True)
     wheels = sorted(set(out_dir.glob("*.whl")) - before)
     if result.returncode != 0 or len(wheels) != 1:
-        detail = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
-        raise AssembleError(f"cannot build a wheel from {filename}: {detail}", "re-lock, or report the sdist")
+        raise AssembleError(
+            f"cannot build a wheel from {filename}: {_build_failure(result.stderr)}", "re-lock, or report the sdist"
+        )
     return wheels[0]
+
+
+#: The line of a Python traceback that says what went wrong (``ValueError: ...``).
+EXCEPTION_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception)|[\w.]*Exit)\b.*", re.MULTILINE)
+
+
+def _build_failure(stderr: str) -> str:
+    """What a failed ``uv build`` says went wrong: the build backend's exception line (``ValueError:
+    Requested ROCM_SDK_TARGET_FAMILY=...``), not uv's closing hint."""
+    raised = [match.group(0).strip() for match in EXCEPTION_LINE.finditer(stderr)]
+    if raised:
+        return raised[-1]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.strip().startswith("hint:")]
+    return lines[-1] if lines else "no wheel"
 
 
 def site_stage(
