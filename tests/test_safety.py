@@ -322,7 +322,7 @@ def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
     copy = Fixture(tmp_path / "upstream")
     shutil.copytree(fixture_tree.root, copy.root, symlinks=True)
     for index, paths in fixture_tree.indexes.items():
-        copy.serve(index, [copy.root / "files" / p.name for p in paths])
+        copy.serve(index, [copy.root / p.relative_to(fixture_tree.root) for p in paths])
     (old,) = [name for name in copy.files if name.startswith("sentencepiece-")]
     files = {"sentencepiece/__init__.py": b"", "sentencepiece/republished.py": b"x = 1\n"}
     new = make_wheel(copy.root / "files", "sentencepiece", "0.2.1", "py3-none-any", files)
