@@ -10,6 +10,8 @@ import io
 import json
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +167,31 @@ def test_a_cut_range_is_resumed_from_the_member_it_stopped_at(
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
 
+def test_the_tree_is_written_while_what_changed_is_fetched(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The download and the writing overlap: while every Range answer is still coming (throttled to take
+    seconds), the files the previous install has are already being written; the update then completes as
+    a delta."""
+    dest = previous(releases, tmp_path)
+    for part in releases.new_dir.glob(f"{ASSETS.stem}.part*.tar.gz"):
+        upstream.inject(f"/releases/download/{TAG}/{part.name}", Fault("throttle", rate=20_000, times=None))
+    done: list[Any] = []
+    installing = threading.Thread(target=lambda: done.append(install(releases.new, dest, tmp_path / "cache")))
+    installing.start()
+    written = answered = False
+    while installing.is_alive() and not written and not answered:
+        answered = any(size for _, size in part_requests(upstream))  # an answer's bytes count once it is sent
+        written = any((d / "bin" / "vllm-server").is_file() for d in tmp_path.glob(".vllm.*"))
+        time.sleep(0.02)
+    installing.join(timeout=300)
+    (result,) = done
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert written and not answered, "a re-used file was written before any Range answer was complete"
+    assert "delta from" in result.stdout and all(header is not None for header, _ in part_requests(upstream))
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+
+
 # -- where a delta cannot be done: the whole release ---------------------------------------------------
 
 
@@ -314,7 +341,7 @@ def test_a_part_replaced_under_the_same_name_is_refused_with_the_previous_instal
 
 def test_a_chunk_fetched_while_assembling_is_shown_on_a_terminal(releases: Releases, tmp_path: Path) -> None:
     """On a terminal (rich's bars), a chunk the plan took from the previous install but found changed is
-    fetched during the assembly, after the fetch step's bar is gone: it gets a bar of its own."""
+    fetched during the assembly, apart from the planned fetch: it gets a bar of its own."""
     from rich.console import Console
 
     from vllm_bundle.install.installer import install_release, release_from_assets

@@ -12,9 +12,10 @@ install keeps the table it was installed from (:data:`KEPT_TOC`). Over such an i
 2. the members holding every other chunk are fetched with HTTP Range (adjacent members in one request,
    several requests at a time); each member is inflated alone, and each of its chunks checked and kept in
    the chunk cache, so a run cut off resumes where it stopped;
-3. the new tree is written by the same safe extraction as a full install (:func:`safe_extract`: the same
-   checks of names, kinds and links) from the new table's entries, each file from its chunks; a chunk that
-   does not match its sha256 is fetched from the release instead.
+3. meanwhile, the new tree is written by the same safe extraction as a full install (:func:`safe_extract`:
+   the same checks of names, kinds and links) from the new table's entries, each file from its chunks; a
+   file that needs a member still on its way waits for it (so the download and the writing overlap), and
+   a chunk that does not match its sha256 is fetched from the release instead.
 
 Where a delta cannot be done safely (no install of ours with a table, the server ignores Range, more
 than half of the archive to fetch, fetched bytes that do not match, a table that does not add up) it
@@ -38,7 +39,7 @@ import tarfile
 import threading
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -366,10 +367,27 @@ class MemberFetcher:
     moved: Moved = field(default_factory=Moved)
     by_member: dict[int, list[Chunk]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    kept: dict[int, threading.Event] = field(default_factory=dict)  # members on their way, set once kept
+    stopped: threading.Event = field(default_factory=threading.Event)  # the install gave up: fetch no more
 
     def __post_init__(self) -> None:
         for _, chunk in self.toc.chunks():
             self.by_member.setdefault(chunk.member, []).append(chunk)
+
+    def in_background(
+        self, pool: ThreadPoolExecutor, members: Sequence[int], progress: Callable[[int], None]
+    ) -> Future[None]:
+        """:meth:`fetch` in ``pool``, each member awaitable (:meth:`wait_for`) as soon as it is kept."""
+        self.kept.update((number, threading.Event()) for number in members)
+        return pool.submit(self.fetch, members, progress)
+
+    def wait_for(self, number: int, fetching: Future[None]) -> None:
+        """Until member ``number`` is kept, or the fetch ``fetching`` has ended (raising why it failed)."""
+        event = self.kept.get(number)
+        while event is not None and not event.wait(0.05):
+            if fetching.done():
+                fetching.result()
+                return
 
     def fetch(self, members: Sequence[int], progress: Callable[[int], None]) -> None:
         """Every member in ``members`` (sorted), adjacent ones in one request, several at a time;
@@ -391,6 +409,8 @@ class MemberFetcher:
         had not finished (what came before it is kept), up to :data:`RANGE_ATTEMPTS` times."""
         remaining, why = list(group), ""
         for _ in range(RANGE_ATTEMPTS):
+            if self.stopped.is_set():
+                return
             first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
             body = _Body(self._bytes(first[0], last[0] + last[1], progress))
             try:
@@ -422,6 +442,8 @@ class MemberFetcher:
             self.store.put(chunk.digest, piece)
         with self.lock:
             self.moved.members += 1
+        if number in self.kept:
+            self.kept[number].set()
 
     def _bytes(self, start: int, end: int, progress: Callable[[int], None]) -> Generator[bytes, None, None]:
         for part, low, high in _spans(self.parts, start, end):
@@ -513,18 +535,20 @@ class _FileData(io.RawIOBase):
 
 
 class Sources:
-    """Each chunk from the chunk cache, else the previous install, else fetched from the release now
-    (a chunk the plan took for re-usable whose file changed since)."""
+    """Each chunk from the chunk cache, else the previous install, else (its member being fetched) once
+    its member is kept, else fetched from the release now (a chunk the plan took for re-usable whose file
+    changed since)."""
 
     def __init__(
         self,
         store: ChunkStore,
         previous: Previous,
         fetcher: MemberFetcher,
+        fetching: Future[None],
         reporter: Reporter,
         progress: Callable[[int], None],
     ) -> None:
-        self.store, self.previous, self.fetcher = store, previous, fetcher
+        self.store, self.previous, self.fetcher, self.fetching = store, previous, fetcher, fetching
         self.reporter, self.progress = reporter, progress
         self.reused = 0
 
@@ -534,6 +558,9 @@ class Sources:
             data = self.previous.read(chunk.digest)
             if data is not None:
                 self.reused += chunk.size
+        if data is None and chunk.member in self.fetcher.kept:
+            self.fetcher.wait_for(chunk.member, self.fetching)
+            data = self.store.get(chunk.digest, chunk.size)
         if data is None:
             size = self.fetcher.toc.members[chunk.member][1]
             with reported_step(self.reporter, "fetch a changed chunk", size, download=True) as progress:
@@ -643,19 +670,43 @@ def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable
             f"{human_size(chosen.fetch_bytes)} of the {human_size(archive_size)} archive to fetch "
             f"({len(chosen.fetch)} of {len(delta.toc.members)} members)"
         )
-        with reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as progress:
-            fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store)
-            fetcher.fetch(chosen.fetch, progress)
-        total = sum(chunk.size for _, chunk in delta.toc.chunks())
-        with reported_step(reporter, "assemble", total) as progress:
-            sources = Sources(delta.store, previous, fetcher, reporter, progress)
-            archive = TocArchive(delta.toc, sources, delta.mtime)
-            try:
-                safe_extract(archive, staging, source)
-            except UnsafeArchiveError as err:
-                raise DeltaUnavailable(err.message) from None
-            staging.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+        fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store)
+        sources = _assemble_while_fetching(delta, chosen, fetcher, previous, staging, reporter, source)
     finally:
         previous.close()
     fetcher.moved.reused = sources.reused
     return fetcher.moved
+
+
+def _assemble_while_fetching(
+    delta: Delta,
+    chosen: Plan,
+    fetcher: MemberFetcher,
+    previous: Previous,
+    staging: Path,
+    reporter: Reporter,
+    source: str,
+) -> Sources:
+    """The members of ``chosen`` fetched in the background while the tree is written: the download and the
+    writing of what is re-used overlap. If the writing fails, no further request is made and those in
+    flight are waited for; a failed fetch is raised once the tree is written (or as soon as a file waits
+    for a member it will not bring)."""
+    total = sum(chunk.size for _, chunk in delta.toc.chunks())
+    with (
+        reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as fetched,
+        reported_step(reporter, "assemble", total) as assembled,
+        ThreadPoolExecutor(1) as background,
+    ):
+        fetching = fetcher.in_background(background, chosen.fetch, fetched)
+        sources = Sources(delta.store, previous, fetcher, fetching, reporter, assembled)
+        archive = TocArchive(delta.toc, sources, delta.mtime)
+        try:
+            safe_extract(archive, staging, source)
+        except BaseException as failure:
+            fetcher.stopped.set()  # no further request; the pool's exit waits for those in flight
+            if isinstance(failure, UnsafeArchiveError):
+                raise DeltaUnavailable(failure.message) from None
+            raise
+        fetching.result()
+        staging.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+    return sources
