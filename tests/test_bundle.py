@@ -21,11 +21,14 @@ from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.packaging_fixtures import make_wheel
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.errors import AssembleError, BundleError
+from vllm_bundle.pipeline.build import STAGE_NAMES
 from vllm_bundle.tree.assemble import Layout, install_wheels
 from vllm_bundle.tree.python_stage import python_stage
-from vllm_bundle.tree.stage import STAGES
 from vllm_bundle.tree.toolchain import WRAPPER
 from vllm_bundle.util.fsutil import sha256_file
+
+#: The stages of a build without --image (the fixture build), in order.
+STAGES = [name for name in STAGE_NAMES if name != "image"]
 
 
 def copy_of(built: Path, dest: Path) -> Path:

@@ -10,28 +10,29 @@ is skipped and a changed input redoes only the stages that depend on it. ``--for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from vllm_bundle.errors import UsageError
 from vllm_bundle.inputs.locker import check_lock
 from vllm_bundle.inputs.lockfile import Lock, build_only, wheel_artifacts
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
-from vllm_bundle.manifests import check_repo, release_tag
+from vllm_bundle.manifests import check_repo
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.oci.layout import BaseImage
 from vllm_bundle.qualify.tier0 import REPORT, failure_message, load_rules, qualify_stage, read_report
-from vllm_bundle.recipes import Recipes
+from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.release.assets import ReleaseOptions, release_stage, source_date
 from vllm_bundle.tree.assemble import Layout, app_stage, root_stage, site_stage
 from vllm_bundle.tree.launcher import runtime_files, template_text
 from vllm_bundle.tree.prune import load_prune_rules
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.scripts import SCRIPT_DIR
-from vllm_bundle.tree.stage import StageResult, check_stage_names, stage_key
+from vllm_bundle.tree.stage import StageResult, stage_key
 from vllm_bundle.tree.toolchain import wrapper_template, zig_target
 from vllm_bundle.tree.vllm_build import RocmInputs, WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import prepare_source
@@ -68,6 +69,64 @@ class ImageOptions:
     revision: str
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """What the command line asks of a build beyond its inputs. ``release=None`` stops at the bundle tree
+    (no archive); ``image`` (which needs ``release``) adds the OCI image stage; ``python_only`` builds vLLM
+    without its native code (asked for explicitly, recorded in the launcher and release.json);
+    ``warn_only`` lets a bundle that fails tier 0 go on to its release."""
+
+    force: frozenset[str] = frozenset()
+    release: ReleaseOptions | None = None
+    bundles_dir: Path = Path("bundles")
+    warn_only: bool = False
+    image: ImageOptions | None = None
+    python_only: bool = False
+
+
+@dataclass
+class Build:
+    """One bundle build, made once from the command line and the checked lock: what every stage reads,
+    and the results of the stages before it (by name)."""
+
+    recipes: Recipes
+    target: Target
+    channel: Channel
+    lock: Lock
+    locks_dir: Path
+    base: Path  # build/<target>
+    patches_dir: Path
+    fetched: dict[str, Path]  # every locked file, by sha256
+    wheels: Sequence[Artifact]  # the bundle's wheels
+    build_group: Sequence[Artifact]  # the wheels only the vLLM build needs
+    options: BuildOptions
+    results: dict[str, StageResult] = field(default_factory=dict)
+
+    @property
+    def minor(self) -> str:
+        return self.recipes.python.minor
+
+    def forced(self, name: str) -> bool:
+        return name in self.options.force
+
+    def wheel_name(self) -> str:
+        return str(self.results["vllm-wheel"].details["wheel"])
+
+    def vllm_version(self) -> str:
+        """The version of the vLLM wheel built (or re-packaged), as the release is tagged with it."""
+        return str(parse_wheel_filename(self.wheel_name())[1])
+
+
+class Stage(NamedTuple):
+    """A stage of ``bundle``: its name (``--force NAME``), what it does, whether it runs in this build, and
+    what must hold of its result (checked once the stage is reported) for the build to go on."""
+
+    name: str
+    run: Callable[[Build], StageResult]
+    runs: Callable[[Build], bool] = lambda build: True
+    holds: Callable[[Build, StageResult], None] = lambda build, result: None
+
+
 def tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -85,161 +144,228 @@ def named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where:
     return paths
 
 
-def build_bundle(
-    recipes: Recipes,
-    target_name: str,
-    channel_name: str,
-    locks_dir: Path,
-    fetcher: Fetcher,
-    build_root: Path,
-    patches_dir: Path,
-    force: Sequence[str] = (),
-    announce: Callable[[StageResult], None] = lambda result: None,
-    starting: Callable[[str], None] = lambda name: None,
-    release: ReleaseOptions | None = None,
-    bundles_dir: Path = Path("bundles"),
-    warn_only: bool = False,
-    image: ImageOptions | None = None,
-    python_only: bool = False,
-) -> BundleRun:
-    """Run every stage for the target; ``release=None`` stops at the bundle tree (no archive);
-    ``image`` (which needs ``release``) adds the OCI image stage; ``python_only`` builds vLLM without its
-    native code (asked for explicitly, recorded in the launcher and release.json)."""
-    check_stage_names(force)
-    target, channel = recipes.target(target_name), recipes.channel(channel_name)
-    lock, pylock = check_lock(recipes, target, channel, locks_dir)
-    if release is not None:
-        check_repo(release.repo)  # before any stage runs, not after an hour of building
-    minor = recipes.python.minor
-    wheels = wheel_artifacts(pylock, minor, recipes.python.platform)
-    for_build = build_only(pylock, minor, recipes.python.platform)
-    run = BundleRun(target.name, channel.name, build_root / target.name)
-    base = run.build_dir
+# -- the stages, in the order of STAGES below --------------------------------------------------------------
 
-    began = time.monotonic()
-    missing = fetcher.missing([*lock.artifacts, *wheels, *for_build])
-    fetched = fetcher.fetch_all([*lock.artifacts, *wheels, *for_build])
-    run.fetch_seconds, run.downloaded = time.monotonic() - began, len(missing)
 
-    def step(result: StageResult) -> StageResult:
-        run.results.append(result)
-        announce(result)
-        return result
-
-    def begin(name: str) -> None:
-        starting(name)
-
-    python = lock.artifact("python")
-    begin("python")
-    py = step(
-        python_stage(fetched[python.sha256], python.sha256, minor, base / "python", "python" in force, python.filename)
+def _python(b: Build) -> StageResult:
+    python = b.lock.artifact("python")
+    return python_stage(
+        b.fetched[python.sha256], python.sha256, b.minor, b.base / "python", b.forced("python"), python.filename
     )
-    others = [w for w in wheels if w.name != "vllm"]
-    begin("site")
-    named = named_wheels(others, fetched, base / ".wheels")
-    rocm = lock.artifact("rocm-sdist")
-    sdists = {fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
-    family = channel.sdk_target_family(target)
-    site = step(site_stage(py, named, minor, base / "site", "site" in force, sdists, lock.source_date_epoch, family))
-    begin("vllm-wheel")
-    build = _BuildPlan(lock, wheels, for_build, fetched, python_only)
-    vllm = step(_vllm_wheel(recipes, target_name, build, site, patches_dir, base, force, step))
-    device = str(vllm.details.get("device", ""))
-    rules = load_prune_rules(recipes.root)
-    begin("app")
-    app = step(app_stage(site, vllm, minor, rules, base, base / "app", "app" in force))
+
+
+def _site(b: Build) -> StageResult:
+    named = named_wheels([w for w in b.wheels if w.name != "vllm"], b.fetched, b.base / ".wheels")
+    rocm = b.lock.artifact("rocm-sdist")
+    sdists = {b.fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
+    family = b.channel.sdk_target_family(b.target)
+    python = b.results["python"]
+    return site_stage(
+        python, named, b.minor, b.base / "site", b.forced("site"), sdists, b.lock.source_date_epoch, family
+    )
+
+
+def _builds_vllm(b: Build) -> bool:
+    """The lock pins vLLM's source release (else a prebuilt wheel is re-packaged: repackage mode)."""
+    return "vllm-sdist" in b.lock.roles
+
+
+def _vllm_source(b: Build) -> StageResult:
+    sdist = b.lock.artifact("vllm-sdist")
+    return prepare_source(
+        b.fetched[sdist.sha256],
+        sdist.sha256,
+        b.lock.versions["vllm"],
+        b.patches_dir,
+        b.base / "vllm-src",
+        b.recipes.all_isas,
+        b.forced("vllm-src"),
+    )
+
+
+def _vllm_wheel(b: Build) -> StageResult:
+    """Build vLLM from the patched source with the bundle's own interpreter, or take the prebuilt wheel."""
+    if not _builds_vllm(b):
+        (artifact,) = [w for w in b.wheels if w.name == "vllm"]
+        (named,) = named_wheels([artifact], b.fetched, b.base / ".wheels")
+        return prebuilt_wheel_stage(named, artifact.sha256, b.base / "vllm-wheel", b.forced("vllm-wheel"))
+    site = b.results["site"]
+    layout = Layout(site.path, b.minor)
+    rocm = None
+    if not b.options.python_only:
+        kernels = None
+        if TRITON_KERNELS in b.lock.roles:
+            archive = b.lock.artifact(TRITON_KERNELS)
+            kernels = (b.fetched[archive.sha256], archive.sha256, archive.filename)
+        rocm = RocmInputs(
+            triton_kernels=kernels,
+            triton_kernels_package=b.recipes.vllm.triton_kernels.package,
+            cmake_build_type=b.recipes.vllm.cmake_build_type,
+            extensions=b.recipes.vllm.extension_rule(b.lock.versions["vllm"]),
+        )
+    build_group = named_wheels(b.build_group, b.fetched, b.base / ".wheels")
+    return wheel_stage(
+        b.target,
+        b.results["vllm-src"],
+        b.lock.versions["vllm"],
+        WheelBuild(layout.python, b.lock.source_date_epoch, rocm, build_group, layout.site),
+        b.base / "vllm-wheel",
+        b.base / "logs" / "vllm-wheel.log",
+        b.forced("vllm-wheel"),
+        python_key=site.key,
+    )
+
+
+def _app(b: Build) -> StageResult:
+    rules = load_prune_rules(b.recipes.root)
+    return app_stage(
+        b.results["site"], b.results["vllm-wheel"], b.minor, rules, b.base, b.base / "app", b.forced("app")
+    )
+
+
+def _root(b: Build) -> StageResult:
     template = stage_key(
         "launcher-template",
         3,
         {"text": template_text(), "runtime": runtime_files(), "cc": wrapper_template(), "script-dir": SCRIPT_DIR},
     )
-    begin("root")
-    root = step(
-        root_stage(
-            app,
-            minor,
-            recipes.vllm.attention_rule(lock.versions["vllm"]),
-            recipes.vllm.server_rule(lock.versions["vllm"]),
-            lock.versions["vllm"],
-            target.name,
-            template,
-            base,
-            base / "root",
-            "root" in force,
-            vllm_build=device,
-            defaults=recipes.launcher_defaults,
-            zig_target=zig_target(recipes.python),
-        )
+    vllm = b.lock.versions["vllm"]
+    return root_stage(
+        b.results["app"],
+        b.minor,
+        b.recipes.vllm.attention_rule(vllm),
+        b.recipes.vllm.server_rule(vllm),
+        vllm,
+        b.target.name,
+        template,
+        b.base,
+        b.base / "root",
+        b.forced("root"),
+        vllm_build=str(b.results["vllm-wheel"].details.get("device", "")),
+        defaults=b.recipes.launcher_defaults,
+        zig_target=zig_target(b.recipes.python),
     )
-    begin("qualify")
-    checked = step(
-        qualify_stage(
-            root,
-            minor,
-            target,
-            load_rules(recipes.root, recipes.python.platform, recipes.vllm.extensions),
-            base,
-            base / "qualify",
-            "qualify" in force,
-        )
+
+
+def _qualify(b: Build) -> StageResult:
+    rules = load_rules(b.recipes.root, b.recipes.python.platform, b.recipes.vllm.extensions)
+    return qualify_stage(b.results["root"], b.minor, b.target, rules, b.base, b.base / "qualify", b.forced("qualify"))
+
+
+def _tier0_passed(b: Build, checked: StageResult) -> None:
+    """A bundle that fails tier 0 stops the build (unless ``warn_only``)."""
+    report = read_report(checked.path / REPORT)
+    if not report.passed and not b.options.warn_only:
+        raise failure_message(report, checked.path / REPORT)
+
+
+def _release(b: Build) -> StageResult:
+    assert b.options.release is not None
+    vllm = b.results["vllm-wheel"]
+    hashes: dict[str, str] = {canonicalize_name(w.name): w.sha256 for w in b.wheels}
+    hashes["vllm"] = sha256_file(vllm.path / b.wheel_name())
+    report = read_report(b.results["qualify"].path / REPORT)
+    return release_stage(
+        lock=b.lock,
+        locks_dir=b.locks_dir,
+        target=b.target.name,
+        minor=b.minor,
+        root=b.results["root"],
+        vllm_version=b.vllm_version(),
+        wheel_hashes=hashes,
+        bundles_dir=b.options.bundles_dir,
+        options=b.options.release,
+        tier0={check.name: check.passed for check in report.checks},
+        vllm_build=_vllm_build_record(vllm),
+        force=b.forced("release"),
     )
-    run.report = checked.path / REPORT
-    report = read_report(run.report)
-    if not report.passed and not warn_only:
-        raise failure_message(report, run.report)
-    if release is not None:
-        begin("release")
-        wheel_name = str(vllm.details["wheel"])
-        hashes: dict[str, str] = {canonicalize_name(w.name): w.sha256 for w in wheels}
-        hashes["vllm"] = sha256_file(vllm.path / wheel_name)
-        result = step(
-            release_stage(
-                lock=lock,
-                locks_dir=locks_dir,
-                target=target.name,
-                minor=minor,
-                root=root,
-                vllm_version=str(parse_wheel_filename(wheel_name)[1]),
-                wheel_hashes=hashes,
-                bundles_dir=bundles_dir,
-                options=release,
-                tier0={check.name: check.passed for check in report.checks},
-                vllm_build=_vllm_build_record(vllm),
-                force="release" in force,
-            )
-        )
-        run.release_dir = result.path
-        run.tag = str(result.details["tag"])
-        if image is not None:
-            begin("image")
-            vllm_version = str(parse_wheel_filename(wheel_name)[1])
-            spec = image_spec(
-                image.recipe,
-                tag=release_tag(vllm_version, lock.versions["rocm"], target.name),
-                target=target.name,
-                isas=target.isas,
-                versions={**lock.versions, "vllm": vllm_version},
-                repo=release.repo,
-                source_date=source_date(lock, release.source_date),
-                base=image.base,
-                revision=image.revision,
-            )
-            layers = image.recipe.layers
-            built = step(image_stage(root, image.base, spec, layers, release.level, base / "image", "image" in force))
-            run.image_dir, run.image = built.path, built.details
+
+
+def _image(b: Build) -> StageResult:
+    image, release = b.options.image, b.options.release
+    assert image is not None and release is not None
+    spec = image_spec(
+        image.recipe,
+        tag=str(b.results["release"].details["tag"]),
+        target=b.target.name,
+        isas=b.target.isas,
+        versions={**b.lock.versions, "vllm": b.vllm_version()},
+        repo=release.repo,
+        source_date=source_date(b.lock, release.source_date),
+        base=image.base,
+        revision=image.revision,
+    )
+    root = b.results["root"]
+    layers = image.recipe.layers
+    return image_stage(root, image.base, spec, layers, release.level, b.base / "image", b.forced("image"))
+
+
+#: The stages of ``bundle``, in order: each reads the build and the results of the stages before it. A
+#: new stage is its function and one line here.
+STAGES = (
+    Stage("python", _python),
+    Stage("site", _site),
+    Stage("vllm-src", _vllm_source, runs=_builds_vllm),
+    Stage("vllm-wheel", _vllm_wheel),
+    Stage("app", _app),
+    Stage("root", _root),
+    Stage("qualify", _qualify, holds=_tier0_passed),
+    Stage("release", _release, runs=lambda b: b.options.release is not None),
+    Stage("image", _image, runs=lambda b: b.options.image is not None),
+)
+STAGE_NAMES = tuple(stage.name for stage in STAGES)
+
+
+def check_stage_names(names: Iterable[str]) -> None:
+    """``--force`` names only stages that exist."""
+    unknown = sorted(set(names) - set(STAGE_NAMES))
+    if unknown:
+        raise UsageError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(STAGE_NAMES)}")
+
+
+def build_bundle(
+    recipes: Recipes,
+    target: Target,
+    channel: Channel,
+    locks_dir: Path,
+    fetcher: Fetcher,
+    build_root: Path,
+    patches_dir: Path,
+    options: BuildOptions,
+    announce: Callable[[StageResult], None] = lambda result: None,
+    starting: Callable[[str], None] = lambda name: None,
+) -> BundleRun:
+    """Every stage of :data:`STAGES` that runs in this build, for the target."""
+    check_stage_names(options.force)
+    lock, pylock = check_lock(recipes, target, channel, locks_dir)
+    if options.release is not None:
+        check_repo(options.release.repo)  # before any stage runs, not after an hour of building
+    minor, platform = recipes.python.minor, recipes.python.platform
+    wheels, build_group = wheel_artifacts(pylock, minor, platform), build_only(pylock, minor, platform)
+    run = BundleRun(target.name, channel.name, build_root / target.name)
+
+    began = time.monotonic()
+    missing = fetcher.missing([*lock.artifacts, *wheels, *build_group])
+    fetched = fetcher.fetch_all([*lock.artifacts, *wheels, *build_group])
+    run.fetch_seconds, run.downloaded = time.monotonic() - began, len(missing)
+
+    build = Build(
+        recipes, target, channel, lock, locks_dir, run.build_dir, patches_dir, fetched, wheels, build_group, options
+    )
+    for stage in STAGES:
+        if not stage.runs(build):
+            continue
+        starting(stage.name)
+        result = build.results[stage.name] = stage.run(build)
+        run.results.append(result)
+        announce(result)
+        stage.holds(build, result)
+    run.report = build.results["qualify"].path / REPORT
+    if "release" in build.results:
+        run.release_dir, run.tag = build.results["release"].path, str(build.results["release"].details["tag"])
+    if "image" in build.results:
+        run.image_dir, run.image = build.results["image"].path, build.results["image"].details
     return run
-
-
-@dataclass(frozen=True)
-class _BuildPlan:
-    """What the vllm-wheel stage takes from the lock: the locked wheels (the bundle's and the build
-    group's), the fetched files by sha256, and whether a Python-only build was asked for."""
-
-    lock: Lock
-    wheels: Sequence[Artifact]
-    build_group: Sequence[Artifact]
-    fetched: dict[str, Path]
-    python_only: bool
 
 
 def _vllm_build_record(vllm: StageResult) -> dict[str, object]:
@@ -251,65 +377,6 @@ def _vllm_build_record(vllm: StageResult) -> dict[str, object]:
     if vllm.details.get("device") == "python-only":
         record["note"] = "built Python-only on request (--python-only-vllm): no GPU kernels of its own"
     return record
-
-
-def _vllm_wheel(
-    recipes: Recipes,
-    target_name: str,
-    plan: _BuildPlan,
-    site: StageResult,
-    patches_dir: Path,
-    base: Path,
-    force: Sequence[str],
-    step: Callable[[StageResult], StageResult],
-) -> StageResult:
-    """Build vLLM from the patched source with the bundle's own interpreter, or take the prebuilt wheel."""
-    lock = plan.lock
-    if "vllm-sdist" not in lock.roles:
-        (artifact,) = [w for w in plan.wheels if w.name == "vllm"]
-        (named,) = named_wheels([artifact], plan.fetched, base / ".wheels")
-        return prebuilt_wheel_stage(named, artifact.sha256, base / "vllm-wheel", "vllm-wheel" in force)
-    sdist = lock.artifact("vllm-sdist")
-    source = step(
-        prepare_source(
-            plan.fetched[sdist.sha256],
-            sdist.sha256,
-            lock.versions["vllm"],
-            patches_dir,
-            base / "vllm-src",
-            recipes.all_isas,
-            "vllm-src" in force,
-        )
-    )
-    layout = Layout(site.path, recipes.python.minor)
-    rocm = None
-    if not plan.python_only:
-        kernels = None
-        if TRITON_KERNELS in lock.roles:
-            archive = lock.artifact(TRITON_KERNELS)
-            kernels = (plan.fetched[archive.sha256], archive.sha256, archive.filename)
-        rocm = RocmInputs(
-            triton_kernels=kernels,
-            triton_kernels_package=recipes.vllm.triton_kernels.package,
-            cmake_build_type=recipes.vllm.cmake_build_type,
-            extensions=recipes.vllm.extension_rule(lock.versions["vllm"]),
-        )
-    return wheel_stage(
-        recipes.target(target_name),
-        source,
-        lock.versions["vllm"],
-        WheelBuild(
-            layout.python,
-            lock.source_date_epoch,
-            rocm,
-            named_wheels(plan.build_group, plan.fetched, base / ".wheels"),
-            layout.site,
-        ),
-        base / "vllm-wheel",
-        base / "logs" / "vllm-wheel.log",
-        "vllm-wheel" in force,
-        python_key=site.key,
-    )
 
 
 def summary_lines(run: BundleRun) -> list[str]:

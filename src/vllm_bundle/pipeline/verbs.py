@@ -43,7 +43,14 @@ from vllm_bundle.oci.kserve import check_target, render_kserve
 from vllm_bundle.oci.layout import MANIFEST, Descriptor
 from vllm_bundle.oci.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
 from vllm_bundle.paths import default_facts
-from vllm_bundle.pipeline.build import ImageOptions, build_bundle, named_wheels, summary_lines
+from vllm_bundle.pipeline.build import (
+    BuildOptions,
+    ImageOptions,
+    build_bundle,
+    check_stage_names,
+    named_wheels,
+    summary_lines,
+)
 from vllm_bundle.pipeline.console import say, stage_printer
 from vllm_bundle.pipeline.options import cache_of, fetcher_of, locks_dir, policy_of, recipes_of
 from vllm_bundle.qualify.commands import print_report
@@ -51,7 +58,7 @@ from vllm_bundle.qualify.repro import build_twice, compare_asset_dirs, compare_l
 from vllm_bundle.qualify.tier0 import read_report
 from vllm_bundle.recipes import Recipes, Target, load_recipes
 from vllm_bundle.release.assets import ReleaseOptions, default_repo, source_date_from_env
-from vllm_bundle.tree.stage import StageResult, check_stage_names, exclusive
+from vllm_bundle.tree.stage import StageResult, exclusive
 from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
@@ -358,22 +365,21 @@ def _build(
 ) -> int:
     starting, finished = stage_printer(args)
     with fetcher_of(args, None, args.mirror) as fetcher:
+        options = BuildOptions(
+            frozenset(args.force_stage), release, args.bundles_dir, args.warn_only, image, args.python_only_vllm
+        )
+        target, channel = recipes.target(args.target), recipes.channel(args.channel)
         run = build_bundle(
             recipes,
-            args.target,
-            args.channel,
+            target,
+            channel,
             locks_dir(args),
             fetcher,
             args.build_dir,
             args.patches,
-            force=args.force_stage,
-            announce=finished,
-            starting=starting,
-            release=release,
-            bundles_dir=args.bundles_dir,
-            warn_only=args.warn_only,
-            image=image,
-            python_only=args.python_only_vllm,
+            options,
+            finished,
+            starting,
         )
     if run.report is not None:
         print_report(read_report(run.report), run.report)

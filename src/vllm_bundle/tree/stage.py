@@ -13,7 +13,7 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,22 +22,8 @@ from typing import Any
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from vllm_bundle.errors import RecipeError
 from vllm_bundle.manifests import dump_json
 from vllm_bundle.util.fsutil import atomic_write, raising_disk_full
-
-#: The bundle pipeline's stages, in order (``bundle --force STAGE`` names one).
-STAGES = ("python", "site", "vllm-src", "vllm-wheel", "app", "root", "qualify", "release")
-#: Stages that run only when asked for (``bundle --image``), after the others.
-OPTIONAL_STAGES = ("image",)
-
-
-def check_stage_names(names: Iterable[str]) -> None:
-    """``--force`` names only stages that exist."""
-    known = (*STAGES, *OPTIONAL_STAGES)
-    unknown = sorted(set(names) - set(known))
-    if unknown:
-        raise RecipeError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(known)}")
 
 
 @dataclass(frozen=True)
