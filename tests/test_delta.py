@@ -179,15 +179,16 @@ def test_the_tree_is_written_while_what_changed_is_fetched(
     done: list[Any] = []
     installing = threading.Thread(target=lambda: done.append(install(releases.new, dest, tmp_path / "cache")))
     installing.start()
-    written = answered = False
-    while installing.is_alive() and not written and not answered:
-        answered = any(size for _, size in part_requests(upstream))  # an answer's bytes count once it is sent
+    written, complete = False, 0
+    while installing.is_alive() and not written:
+        complete = sum(1 for _, size in part_requests(upstream) if size)  # an answer counts once it is sent
         written = any((d / "bin" / "vllm-server").is_file() for d in tmp_path.glob(".vllm.*"))
         time.sleep(0.02)
     installing.join(timeout=300)
     (result,) = done
     assert result.returncode == 0, result.stdout + result.stderr
-    assert written and not answered, "a re-used file was written before any Range answer was complete"
+    asked = len(part_requests(upstream))
+    assert written and complete < asked, f"a re-used file was written while the fetch went on ({complete} of {asked})"
     assert "delta from" in result.stdout and all(header is not None for header, _ in part_requests(upstream))
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
