@@ -46,6 +46,7 @@ class Fault:
 
     # "status" | "cut" | "ignore-range" | "wrong-bytes" (the file's first 64) | "wrong-range" (a 206
     # answer's first 64: a range of other bytes; a 200 is sent as it is) | "stall" | "throttle" | "redirect"
+    # | "hold" (the headers, then the body only once ``until`` is set, or after ``seconds``: 60 if 0)
     kind: str
     times: int | None = 1
     status: int = 500
@@ -55,6 +56,7 @@ class Fault:
     rate: int = 0  # throttle: bytes per second
     agent: str = ""  # only requests whose User-Agent starts with this (uv and the tool share the upstream)
     location: str = ""  # redirect: where a 302 sends the client
+    until: threading.Event | None = None  # hold: the body goes out once this is set
 
 
 @dataclass
@@ -259,6 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return sent
             if fault and fault.kind == "throttle":
                 return self._send_throttled(body, fault.rate)
+            if fault and fault.kind == "hold" and fault.until is not None:
+                fault.until.wait(fault.seconds or 60)
             if self.upstream.link is not None:
                 return self._send_on_link(body, self.upstream.link)
             self.wfile.write(body)
