@@ -58,6 +58,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+#: Tests each of whose cases is a whole build from a lock of its own: each case is a unit of work of its own
+#: for pytest-xdist (the rest of a module stays in one worker), so the suite's longest module is not a
+#: queue of builds in one worker while the others have finished.
+ONE_BUILD_PER_CASE = frozenset(
+    {
+        "tests/test_channels.py::test_every_target_is_built_qualified_and_released_on_every_channel_built_from",
+        "tests/test_targets.py::test_each_target_is_built_qualified_and_released",
+    }
+)
+
+
+def unit_of_work(nodeid: str, scope: str) -> str:
+    """The unit of work of a test for pytest-xdist: its own node id for a case of ONE_BUILD_PER_CASE,
+    else ``scope`` (loadscope's: its module, or its class)."""
+    return nodeid if nodeid.split("[", 1)[0] in ONE_BUILD_PER_CASE else scope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist=loadscope`` (`nox -s tests`), but each case of ONE_BUILD_PER_CASE is a unit of its own.
+    xdist queues the units with the most tests first, so these single cases come last and even out the
+    workers' ends."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid, super()._split_scope(nodeid))
+
+    return Scheduling(config, log)
+
+
 @contextmanager
 def one_worker_at_a_time(built: Path) -> Iterator[None]:
     """Hold the lock of ``built``, a thing the suite makes once in TEST_CACHE: the workers of a
@@ -443,8 +475,29 @@ def seed_vllm_build(built: Path, build: Path, target: str = "gfx1151") -> Path:
 
 @pytest.fixture(scope="session")
 def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One full bundle build for gfx1151 (build dir returned)."""
+    """One full bundle build for gfx1151 (build dir returned; its cache and assets beside it).
+
+    Under pytest-xdist the workers share the build itself: the first to come builds it (with its own lock,
+    against its own server) into the run's shared directory, and every worker then runs ``bundle`` with its
+    own lock on a copy of that build directory and cache. The stages are found up to date by their keys,
+    which name the inputs' sha256, not their URLs; only the release, which records the lock's hash, is made
+    again (1-2 s instead of a whole build per worker)."""
     work = tmp_path_factory.mktemp("bundle")
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = _shared_build(locked, _server, tmp_path_factory.getbasetemp().parent / "built")
+        for name in ("build", "cache"):  # cp -a: the hard links inside the tree stay hard links
+            subprocess.run(["cp", "-a", str(shared / name), str(work / name)], check=True)
     result = bundle_cli(locked, _server, work / "build", work / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "build"
+
+
+def _shared_build(locked: Path, server: UpstreamServer, shared: Path) -> Path:
+    """The run's one gfx1151 build (``shared``), made by the first worker that asks for it."""
+    with one_worker_at_a_time(shared):
+        if not (shared / ".complete").exists():  # (a worker whose build failed left no mark: build anew)
+            shutil.rmtree(shared, ignore_errors=True)
+            result = bundle_cli(locked, server, shared / "build", shared / "cache")
+            assert result.returncode == 0, result.stdout + result.stderr
+            (shared / ".complete").touch()
+    return shared

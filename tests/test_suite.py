@@ -62,3 +62,18 @@ def test_the_quick_tier_is_chosen_by_the_fixtures_a_test_uses() -> None:
     assert "tests/test_bundle.py::test_moved_bundle_runs_with_an_empty_environment" in everything - quick
     assert {test for test in everything if test.startswith("tests/test_fsutil.py::")} <= quick
     assert any(test.startswith("tests/test_bundle.py::test_unsafe_python_tarball_is_refused[") for test in quick)
+
+
+def test_each_build_case_is_a_unit_of_work_of_its_own() -> None:
+    """`nox -s tests` (``--dist=loadscope``) keeps a module's tests in one worker, except the cases of
+    ONE_BUILD_PER_CASE, each a unit of its own; a name there that no longer names a test would quietly
+    put all its builds back in one worker."""
+    from tests.conftest import ONE_BUILD_PER_CASE, unit_of_work
+
+    collected = _collected("tests/test_channels.py", "tests/test_targets.py")
+    for function in ONE_BUILD_PER_CASE:
+        assert sum(1 for test in collected if test.startswith(f"{function}[")) > 1, function
+    build = next(test for test in sorted(collected) if "test_every_target_is_built" in test)
+    other = "tests/test_channels.py::test_the_channels_read_the_indexes_amd_publishes_to_today"
+    assert unit_of_work(build, "tests/test_channels.py") == build
+    assert unit_of_work(other, "tests/test_channels.py") == "tests/test_channels.py"
