@@ -6,12 +6,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -198,6 +201,56 @@ def test_wheels_may_ship_the_same_file_with_the_same_bytes_but_not_other_bytes(t
     with pytest.raises(AssembleError, match=r"_rocm_sdk_libraries/__init__.py is shipped by an earlier wheel"):
         install_wheels(layout, [other])
     assert (layout.site / shared).read_bytes() == b"", "the first file is left as it was"
+
+
+def _rewrite_wheel(wheel: Path, change: Callable[[str, bytes], bytes | None]) -> Path:
+    """``wheel`` with each member passed through ``change`` (None: left out), its RECORD kept as it was."""
+    changed = wheel.with_name(f"changed-{wheel.name}")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(changed, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            data = change(info.filename, source.read(info))
+            if data is not None:
+                out.writestr(info, data)
+    return changed.replace(wheel)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda name, data: b"other bytes" if name == "pkg/a.py" else data, "pkg/a.py didn't match RECORD"),
+        (lambda name, data: data + b"#" if name == "pkg/big.bin" else data, "pkg/big.bin didn't match RECORD"),
+        (lambda name, data: None if name.endswith("/RECORD") else data, "RECORD"),
+    ],
+    ids=["other-bytes", "a-byte-more-at-the-end", "no-record"],
+)
+def test_a_wheel_whose_files_do_not_match_its_record_is_refused(
+    change: Callable[[str, bytes], bytes | None], problem: str, tmp_path: Path
+) -> None:
+    """Every file's sha256 and size are checked against the wheel's RECORD as it is installed (one pass:
+    a large wheel is read once); a file that does not match stops the install, naming the wheel and file."""
+    files = {"pkg/__init__.py": b"", "pkg/a.py": b"a = 1\n", "pkg/big.bin": os.urandom(3 << 20)}
+    wheel = _rewrite_wheel(make_wheel(tmp_path / "w", "pkg", "1", "py3-none-any", files), change)
+    with pytest.raises(AssembleError, match=re.escape(problem)) as refused:
+        install_wheels(Layout(tmp_path / "root", "3.12"), [wheel])
+    assert "cannot install pkg-1-py3-none-any.whl" in str(refused.value)
+
+
+def test_every_file_of_a_wheel_is_checked_against_its_record_scripts_too(tmp_path: Path) -> None:
+    """A ``#!python`` script (its shebang rewritten on the way) is checked as the wheel ships it; a file
+    RECORD does not name is refused."""
+    files = {"pkg/__init__.py": b"", "pkg-1.data/scripts/tool": b"#!python\nprint(1)\n"}
+    wheel = make_wheel(tmp_path / "w", "pkg", "1", "py3-none-any", files)
+    layout = Layout(tmp_path / "root", "3.12")
+    install_wheels(layout, [wheel])
+    assert (layout.root / "bin" / "tool").read_bytes() == b"#!/bin/python3.12\nprint(1)\n"
+    tampered = _rewrite_wheel(wheel, lambda name, data: b"#!python\nprint(2)\n" if name.endswith("/tool") else data)
+    with pytest.raises(AssembleError, match=re.escape("pkg-1.data/scripts/tool didn't match RECORD")):
+        install_wheels(Layout(tmp_path / "again", "3.12"), [tampered])
+    extra = _rewrite_wheel(wheel, lambda name, data: data)
+    with zipfile.ZipFile(extra, "a") as out:
+        out.writestr("pkg/unlisted.py", b"")
+    with pytest.raises(AssembleError, match=re.escape("pkg/unlisted.py is not mentioned in RECORD")):
+        install_wheels(Layout(tmp_path / "third", "3.12"), [extra])
 
 
 # -- unsafe CPython tarballs -------------------------------------------------------------------------

@@ -3,7 +3,8 @@ and ``root`` (+ the launcher). Each starts from a hard-linked copy of the one be
 earlier stage costs no copying; a file that is edited is first given its own copy (relocate.unshare).
 
 Wheels are installed with pypa/installer: exactly the locked files (hashes were checked when they
-entered the cache, and each wheel's RECORD is validated here), no index, no dependency resolution.
+entered the cache, and each file is checked against its wheel's RECORD as it is written), no index, no
+dependency resolution.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,7 +28,7 @@ from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.exceptions import InstallerError
 from installer.records import Hash, RecordEntry
-from installer.sources import WheelFile
+from installer.sources import WheelContentElement, WheelFile
 from installer.utils import Scheme, copyfileobj_with_hashing
 
 from vllm_bundle.errors import AssembleError
@@ -103,14 +104,87 @@ class _SharedFilesDestination(SchemeDictionaryDestination):
         return RecordEntry(path, Hash(self.hash_algorithm, digest), size)
 
 
+class RecordMismatch(ValueError):
+    """A wheel's file whose sha256 or size is not the one its RECORD gives."""
+
+
+class _RecordCheckedStream:
+    """A wheel file's stream that checks the sha256 and size RECORD gives once it is read to its end (a
+    seek to the start, as installer's shebang fix does, starts the count again).
+
+    Written by hand because pypa/installer checks RECORD only in a pass of its own
+    (``validate_record(validate_contents=True)``) that inflates and hashes every file before the install
+    inflates and hashes it again: that doubled the time of every install, and a real torch wheel is
+    gigabytes."""
+
+    def __init__(self, stream: BinaryIO, entry: RecordEntry) -> None:
+        assert entry.hash_ is not None
+        self._stream, self._entry, self._hash_name = stream, entry, entry.hash_.name
+        self.checked = False
+        self.seek(0)
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._count(data, at_end=not data or size < 0)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self._stream.readline(size)
+        self._count(data, at_end=not data)
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if (offset, whence) != (0, os.SEEK_SET):
+            raise OSError(f"{self._entry.path}: only a seek to the start is checked against RECORD")
+        self._digest, self._size = hashlib.new(self._hash_name), 0
+        return self._stream.seek(0)
+
+    def _count(self, data: bytes, at_end: bool) -> None:
+        self._digest.update(data)
+        self._size += len(data)
+        if at_end:
+            value = base64.urlsafe_b64encode(self._digest.digest()).decode().rstrip("=")
+            assert self._entry.hash_ is not None
+            if value != self._entry.hash_.value or self._size != self._entry.size:
+                raise RecordMismatch(f"hash / size of {self._entry.path} didn't match RECORD")
+            self.checked = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _RecordCheckedWheel(WheelFile):
+    """pypa/installer's wheel source whose files check themselves against RECORD as the install reads them."""
+
+    def __init__(self, f: zipfile.ZipFile) -> None:
+        super().__init__(f)
+        self.streams: list[_RecordCheckedStream] = []
+
+    def get_contents(self) -> Iterator[WheelContentElement]:
+        for record, stream, is_executable in super().get_contents():
+            if not record[1]:  # RECORD itself (validate_record refuses any other file without a hash)
+                yield record, stream, is_executable
+                continue
+            checked = _RecordCheckedStream(stream, RecordEntry.from_elements(*record))
+            self.streams.append(checked)
+            yield record, checked, is_executable  # type: ignore[misc]
+
+    def unchecked(self) -> list[str]:
+        return [stream._entry.path for stream in self.streams if not stream.checked]
+
+
 def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[Path]) -> None:
-    """Install ``wheels`` with pypa/installer into the ``scheme`` directories, each RECORD validated."""
+    """Install ``wheels`` with pypa/installer into the ``scheme`` directories: RECORD names every file with
+    its hash and size (checked first), and each file is checked against it as it is written."""
     destination = _SharedFilesDestination(dict(scheme), interpreter=interpreter, script_kind="posix")
     for wheel in wheels:
         try:
-            with WheelFile.open(wheel) as source:
-                source.validate_record()
+            with zipfile.ZipFile(wheel) as archive:
+                source = _RecordCheckedWheel(archive)
+                source.validate_record(validate_contents=False)
                 install(source, destination, additional_metadata={"INSTALLER": b"vllm-bundle\n"})
+                if source.unchecked():
+                    raise RecordMismatch(f"{source.unchecked()[0]} was not read to its end to check it")
         except (InstallerError, ValueError, OSError, zipfile.BadZipFile) as err:
             raise AssembleError(f"cannot install {wheel.name}: {err}", "re-fetch it, or re-lock") from None
 
