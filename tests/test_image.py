@@ -137,7 +137,8 @@ def test_a_changed_layer_is_named_down_to_its_member(image_dir: Path, tmp_path: 
     with tarfile.open(blob(other, last["digest"]), "r:gz") as tar:
         members = [(m, tar.extractfile(m).read() if m.isreg() else None) for m in tar.getmembers()]  # type: ignore[union-attr]
     rewritten = tmp_path / "layer.tar.gz"
-    with gzip.open(rewritten, "wb") as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
+    # (level 1: the layer is re-compressed only to give it another digest)
+    with gzip.open(rewritten, "wb", compresslevel=1) as raw, tarfile.open(fileobj=raw, mode="w|") as tar:
         for member, data in members:
             if member.name == LAUNCHER.lstrip("/"):
                 member.mode = 0o700
