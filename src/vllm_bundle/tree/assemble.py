@@ -119,24 +119,28 @@ class _RecordCheckedStream:
 
     def __init__(self, stream: BinaryIO, entry: RecordEntry) -> None:
         assert entry.hash_ is not None
-        self._stream, self._entry, self._hash_name = stream, entry, entry.hash_.name
+        self._stream, self._entry, self.path = stream, entry, entry.path
         self.checked = False
-        self.seek(0)
+        self._restart()
 
-    def read(self, size: int = -1) -> bytes:
-        data = self._stream.read(size)
-        self._count(data, at_end=not data or size < 0)
+    def _restart(self) -> None:
+        assert self._entry.hash_ is not None
+        self._digest, self._size = hashlib.new(self._entry.hash_.name), 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._stream.read(-1 if size is None else size)
+        self._count(data, at_end=not data or size is None or size < 0)
         return data
 
-    def readline(self, size: int = -1) -> bytes:
-        data = self._stream.readline(size)
+    def readline(self, size: int | None = -1) -> bytes:
+        data = self._stream.readline(-1 if size is None else size)
         self._count(data, at_end=not data)
         return data
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         if (offset, whence) != (0, os.SEEK_SET):
-            raise OSError(f"{self._entry.path}: only a seek to the start is checked against RECORD")
-        self._digest, self._size = hashlib.new(self._hash_name), 0
+            raise OSError(f"{self.path}: only a seek to the start is checked against RECORD")
+        self._restart()
         return self._stream.seek(0)
 
     def _count(self, data: bytes, at_end: bool) -> None:
@@ -170,7 +174,7 @@ class _RecordCheckedWheel(WheelFile):
             yield record, checked, is_executable  # type: ignore[misc]
 
     def unchecked(self) -> list[str]:
-        return [stream._entry.path for stream in self.streams if not stream.checked]
+        return [stream.path for stream in self.streams if not stream.checked]
 
 
 def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[Path]) -> None:
