@@ -5,6 +5,7 @@ Run as the bundle's ``bin/vllm-server`` would be: ``python fake_openai.py --mode
 
 crash             exit 3 at start with a HIP error, as a bundle built for the wrong GPU does
 unhealthy         /health answers 503 forever
+never-listens     the port is never opened (as while a server's Python is still starting)
 completion-500    POST /v1/completions (not streaming) answers 500
 chat-empty        the chat reply is empty
 stream-no-done    the event stream ends without ``data: [DONE]``
@@ -138,6 +139,8 @@ def main() -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop(child))
     assert args.host in ("127.0.0.1", "localhost"), "tests serve on loopback only"
     Handler.served_name = args.served_model_name
+    if FAULT == "never-listens":
+        signal.pause()  # until the SIGTERM (or SIGKILL) the check ends with
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 
 

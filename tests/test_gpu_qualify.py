@@ -142,6 +142,15 @@ def test_tier2_failures_are_named(tmp_path: Path, fault: str, check: str, cause:
     assert any(cause in problem for problem in failed[check]), failed[check]
 
 
+def test_a_server_that_never_opens_its_port_is_named_as_not_listening(tmp_path: Path) -> None:
+    """Refused connections are what a booting server gives before it listens: the problem says so, not
+    the name of requests' exception."""
+    layout = make_fake_bundle(tmp_path / "bundle", GOOD_PROBE, "never-listens")
+    options = ServeOptions(**{**OPTIONS.__dict__, "boot_timeout": 2.0})
+    (problem,) = _failed(tier2_checks(layout, options, tmp_path / "server.log"))["health"]
+    assert "GET /health did not answer 200 within 2 s (last: not listening yet)" in problem
+
+
 def test_the_wait_for_health_says_it_is_still_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -157,8 +166,10 @@ def test_the_wait_for_health_says_it_is_still_waiting(
     # Two boots (the health check's server, and the one the SIGKILL check starts), ~2 s each.
     assert 4 <= len(notices) <= 8, notices
     # Until a booting server first answers (its Python starting on a busy machine can take longer than one
-    # interval) the last answer is "no answer yet"; from then on, the 503 it gave.
-    assert all(re.search(r" of 2 s \(last: (no answer yet|HTTP 503)\)$", line) for line in notices), notices
+    # interval) the last answer is "no answer yet", or "not listening yet" once a request found its port
+    # closed; from then on, the 503 it gave.
+    last = r" of 2 s \(last: (no answer yet|not listening yet|HTTP 503)\)$"
+    assert all(re.search(last, line) for line in notices), notices
     assert any(line.endswith("(last: HTTP 503)") for line in notices), notices
 
 

@@ -249,6 +249,8 @@ def wait_healthy(server: Server, options: ServeOptions) -> CheckResult:
             if answer.status_code == 200:
                 return CheckResult("health", True, f"GET /health answered 200 after {time.monotonic() - began:.0f} s")
             last = f"HTTP {answer.status_code}"
+        except requests.ConnectionError:
+            last = "not listening yet"  # a booting server's port is not open before its Python has started
         except requests.RequestException as err:
             last = type(err).__name__
         time.sleep(options.poll_interval)
