@@ -75,17 +75,35 @@ def unit_of_work(nodeid: str, scope: str) -> str:
     return nodeid if nodeid.split("[", 1)[0] in ONE_BUILD_PER_CASE else scope
 
 
+def builds_first(units: list[str], workers: int) -> list[str]:
+    """The order the units are handed out in: one build case first for every worker but one, then the
+    rest as xdist queued them. The first module a worker gets most often needs the shared gfx1151 build
+    (``built``), which one worker makes while the others wait for it; these workers build a target of
+    their own meanwhile."""
+    first = [unit for unit in units if unit.split("[", 1)[0] in ONE_BUILD_PER_CASE][: max(workers - 1, 0)]
+    return first + [unit for unit in units if unit not in first]
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist=loadscope`` (`nox -s tests`), but each case of ONE_BUILD_PER_CASE is a unit of its own.
     xdist queues the units with the most tests first, so these single cases come last and even out the
-    workers' ends."""
+    workers' ends; a few go first instead (``builds_first``)."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return unit_of_work(nodeid, super()._split_scope(nodeid))
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first hand-out: the queue is complete
+                self.ordered = True
+                for unit in reversed(builds_first(list(self.workqueue), len(self.nodes))):
+                    self.workqueue.move_to_end(unit, last=False)
+            super()._assign_work_unit(node)
 
     return Scheduling(config, log)
 

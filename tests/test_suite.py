@@ -77,3 +77,13 @@ def test_each_build_case_is_a_unit_of_work_of_its_own() -> None:
     other = "tests/test_channels.py::test_the_channels_read_the_indexes_amd_publishes_to_today"
     assert unit_of_work(build, "tests/test_channels.py") == build
     assert unit_of_work(other, "tests/test_channels.py") == "tests/test_channels.py"
+
+
+def test_a_build_case_goes_first_to_every_worker_but_one() -> None:
+    """The worker that makes the shared build is the one without a build case of its own to start with."""
+    from tests.conftest import builds_first
+
+    case = "tests/test_targets.py::test_each_target_is_built_qualified_and_released[{}]"
+    units = ["tests/test_install.py", "tests/test_safety.py", *(case.format(t) for t in ("a", "b", "c"))]
+    assert builds_first(units, 3) == [case.format("a"), case.format("b"), *units[:2], case.format("c")]
+    assert builds_first(units, 1) == units
