@@ -69,10 +69,14 @@ ONE_BUILD_PER_CASE = frozenset(
 )
 
 
+def _is_build_case(nodeid: str) -> bool:
+    return nodeid.split("[", 1)[0] in ONE_BUILD_PER_CASE
+
+
 def unit_of_work(nodeid: str, scope: str) -> str:
     """The unit of work of a test for pytest-xdist: its own node id for a case of ONE_BUILD_PER_CASE,
     else ``scope`` (loadscope's: its module, or its class)."""
-    return nodeid if nodeid.split("[", 1)[0] in ONE_BUILD_PER_CASE else scope
+    return nodeid if _is_build_case(nodeid) else scope
 
 
 def builds_first(units: list[str], workers: int) -> list[str]:
@@ -80,7 +84,7 @@ def builds_first(units: list[str], workers: int) -> list[str]:
     rest as xdist queued them. The first module a worker gets most often needs the shared gfx1151 build
     (``built``), which one worker makes while the others wait for it; these workers build a target of
     their own meanwhile."""
-    first = [unit for unit in units if unit.split("[", 1)[0] in ONE_BUILD_PER_CASE][: max(workers - 1, 0)]
+    first = [unit for unit in units if _is_build_case(unit)][: max(workers - 1, 0)]
     return first + [unit for unit in units if unit not in first]
 
 

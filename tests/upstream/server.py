@@ -261,7 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return sent
             if fault and fault.kind == "throttle":
                 return self._send_throttled(body, fault.rate)
-            if fault and fault.kind == "hold" and fault.until is not None:
+            if fault and fault.kind == "hold":
+                assert fault.until is not None, "a hold fault needs the event that lets its body go"
                 fault.until.wait(fault.seconds or 60)
             if self.upstream.link is not None:
                 return self._send_on_link(body, self.upstream.link)

@@ -118,14 +118,13 @@ class _RecordCheckedStream:
     gigabytes."""
 
     def __init__(self, stream: BinaryIO, entry: RecordEntry) -> None:
-        assert entry.hash_ is not None
-        self._stream, self._entry, self.path = stream, entry, entry.path
+        assert entry.hash_ is not None  # (get_contents wraps only files RECORD gives a hash)
+        self._stream, self._expected, self._expected_size, self.path = stream, entry.hash_, entry.size, entry.path
         self.checked = False
         self._restart()
 
     def _restart(self) -> None:
-        assert self._entry.hash_ is not None
-        self._digest, self._size = hashlib.new(self._entry.hash_.name), 0
+        self._digest, self._size = hashlib.new(self._expected.name), 0
 
     def read(self, size: int | None = -1) -> bytes:
         data = self._stream.read(-1 if size is None else size)
@@ -148,9 +147,8 @@ class _RecordCheckedStream:
         self._size += len(data)
         if at_end:
             value = base64.urlsafe_b64encode(self._digest.digest()).decode().rstrip("=")
-            assert self._entry.hash_ is not None
-            if value != self._entry.hash_.value or self._size != self._entry.size:
-                raise RecordMismatch(f"hash / size of {self._entry.path} didn't match RECORD")
+            if value != self._expected.value or self._size != self._expected_size:
+                raise RecordMismatch(f"hash / size of {self.path} didn't match RECORD")
             self.checked = True
 
     def __getattr__(self, name: str) -> Any:
@@ -187,8 +185,9 @@ def install_into(scheme: Mapping[str, str], interpreter: str, wheels: Sequence[P
                 source = _RecordCheckedWheel(archive)
                 source.validate_record(validate_contents=False)
                 install(source, destination, additional_metadata={"INSTALLER": b"vllm-bundle\n"})
-                if source.unchecked():
-                    raise RecordMismatch(f"{source.unchecked()[0]} was not read to its end to check it")
+                unchecked = source.unchecked()
+                if unchecked:
+                    raise RecordMismatch(f"{unchecked[0]} was not read to its end to check it")
         except (InstallerError, ValueError, OSError, zipfile.BadZipFile) as err:
             raise AssembleError(f"cannot install {wheel.name}: {err}", "re-fetch it, or re-lock") from None
 
