@@ -22,6 +22,8 @@ for its run-time package (vllm_release.py); see docs/building-rocm.md, "What the
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -300,6 +302,30 @@ def test_the_real_wheel_carries_every_extension_with_the_targets_code(real_build
         line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist")
     ]
     assert "torch[device-gfx1151]" in requires and "rocm[device-gfx1151]" in requires, requires
+
+
+# -- the build group's programs -------------------------------------------------------------------------------
+
+
+def test_the_build_runs_the_cmake_wheels_program_not_its_python_script(tmp_path: Path) -> None:
+    """The real cmake wheel's ``cmake`` console script reads its RECORD to find ``cmake/data/bin/cmake`` and
+    execs it (0.3 s a run, 11 runs a build): the build's PATH finds that program first, and it is the one
+    the script runs (what the script prints as its version is the program's)."""
+    scratch = tmp_path / "scratch"
+    build = vllm_build.WheelBuild(Path(sys.executable), SOURCE_DATE, None, build_tools(TEST_DOWNLOADS, CP, tmp_path))
+    env, bins = vllm_build.build_group_setup(build, scratch)
+    path = os.pathsep.join(map(str, bins))
+    found = Path(shutil.which("cmake", path=path) or "")
+    assert found == scratch / "site" / "cmake" / "data" / "bin" / "cmake", bins
+    assert found.read_bytes()[:4] == b"\x7fELF"
+    script = scratch / "bin" / "cmake"
+    assert script.read_bytes().startswith(b"#!"), "the console script is still installed (what runs it: the same)"
+    run = {**env, "PATH": path}
+    versions = [
+        subprocess.run([str(p), "--version"], env=run, capture_output=True, text=True, check=True).stdout
+        for p in (found, script)
+    ]
+    assert versions[0] == versions[1] and versions[0].startswith("cmake version 3.31.10"), versions
 
 
 # -- what the build needs, checked before it runs ----------------------------------------------------------

@@ -75,6 +75,11 @@ REFUSAL = """#!/bin/sh
 echo "vllm-bundle: $0 is not available to the vLLM build (its Rust frontend is not built)" >&2
 exit 1
 """
+#: Where build-group wheels keep native programs that their console scripts only locate and exec: these go
+#: on PATH before the scripts. The cmake wheel's ``cmake`` script reads its distribution's RECORD (3,889
+#: files, through importlib.metadata) to find ``cmake/data/bin/cmake``, 0.3 s a run, and vLLM's setup.py
+#: runs cmake once per extension to install it, 11 runs a build; the program that runs is the same.
+NATIVE_PROGRAM_DIRS = ("cmake/data/bin",)
 #: A prefix nothing on a builder is under: what every build path is mapped to in the native code.
 MAPPED_PREFIX = "/vllm-bundle-build"
 #: The HIP compiler launcher (where setup.py would put ccache): clang names each translation unit's
@@ -436,13 +441,15 @@ def check_wheel(
 
 def build_group_setup(build: WheelBuild, scratch: Path) -> tuple[dict[str, str], list[Path]]:
     """The build group in scratch's site (a Python-only build leaves out the SDK's devel part); returns
-    the variables that make the build's Python find it, and its script directory, which goes on PATH."""
+    the variables that make the build's Python find it, and its program directories for PATH: its native
+    programs' (NATIVE_PROGRAM_DIRS), then its console scripts'."""
     site, bin_dir = scratch / "site", scratch / "bin"
     wheels = build.build_wheels
     if build.rocm is None:
         wheels = {wheel: sha for wheel, sha in wheels.items() if not wheel.name.startswith(f"{DEVEL_PACKAGE}-")}
     install_build_group(wheels, site, bin_dir, build.python)
-    return {"PYTHONPATH": str(site)}, [bin_dir]
+    native = [site / name for name in NATIVE_PROGRAM_DIRS if (site / name).is_dir()]
+    return {"PYTHONPATH": str(site)}, [*native, bin_dir]
 
 
 def rocm_setup(target: Target, build: WheelBuild, scratch: Path, root: Path) -> dict[str, str]:
