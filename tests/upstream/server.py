@@ -164,6 +164,13 @@ class _Handler(BaseHTTPRequestHandler):
     upstream: UpstreamServer
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        super().setup()
+        # As web servers do (nginx's tcp_nodelay is on by default): without it, an answer on a kept-alive
+        # connection whose body follows its headers in a second write waits for the client's delayed ACK,
+        # and every request of a session took 44 ms on loopback.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: object) -> None:  # quiet
         return
 
