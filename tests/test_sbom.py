@@ -16,6 +16,7 @@ import pytest
 from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 
+from vllm_bundle.release.assets import sbom_writer
 from vllm_bundle.release.sbom import build_sbom
 
 DATE = 1763596800  # 2025-11-20, the release's source date
@@ -209,6 +210,13 @@ def test_the_tool_is_the_pinned_library(sbom: dict[str, Any]) -> None:
     assert tool["name"] == "cyclonedx-python-lib"
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"cyclonedx-python-lib=={tool["version"]}",' in pyproject
+
+
+def test_the_release_stage_key_names_the_library_and_spec_the_sbom_is_written_with(sbom: dict[str, Any]) -> None:
+    """The release stage's key reads the library's version from its metadata (not importing it): the same
+    version the SBOM names, and the spec it is written in."""
+    (tool,) = sbom["metadata"]["tools"]["components"]
+    assert sbom_writer() == {"cyclonedx-python-lib": tool["version"], "spec": sbom["specVersion"]}
 
 
 # --- each thing once ----------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ SHA256SUMS = "SHA256SUMS"
 DEFAULT_PART_SIZE = 1_900_000_000
 #: The gzip level of release archives.
 DEFAULT_LEVEL = 6
+#: The CycloneDX version the release's SBOM (``<stem>.cdx.json``) is written in.
+SBOM_SPEC = "1.6"
 #: Where GitHub Actions names the repository the assets are published in.
 REPO_ENV = "GITHUB_REPOSITORY"
 #: A GitHub ``owner/name``: an owner is letters, digits and '-' (at most 39), a name also '.' and '_'.

@@ -13,6 +13,7 @@ SHA256SUMS                      of every other file here
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import re
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from vllm_bundle.manifests import (
     DEFAULT_PART_SIZE,
     RELEASE_JSON,
     REPO_ENV,
+    SBOM_SPEC,
     ReleaseAssets,
     backend_versions,
     dump_json,
@@ -36,7 +38,6 @@ from vllm_bundle.manifests import (
 )
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.release.archive import archiver, write_archive
-from vllm_bundle.release.sbom import build_sbom, writer
 from vllm_bundle.tree.assemble import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
@@ -92,6 +93,13 @@ def _origin_repo() -> str:
     return f"{match['owner']}/{match['name']}" if match else ""
 
 
+def sbom_writer() -> dict[str, str]:
+    """What writes the SBOM's bytes: part of the release stage's key, so a new cyclonedx-python-lib or
+    spec redoes the stage. Read from its metadata: importing cyclonedx (its SPDX licence tables) takes
+    0.15 s, which every build verb paid at start; release/sbom.py is imported only to write an SBOM."""
+    return {"cyclonedx-python-lib": importlib.metadata.version("cyclonedx-python-lib"), "spec": SBOM_SPEC}
+
+
 def release_stage(
     *,
     lock: Lock,
@@ -126,7 +134,7 @@ def release_stage(
         "lock": lock_hash,
         "tier0": dict(tier0),
         "archiver": archiver(),
-        "sbom": writer(),
+        "sbom": sbom_writer(),
         "vllm_build": dict(vllm_build or {}),
     }
 
@@ -139,6 +147,8 @@ def release_stage(
         artifact_hashes = {
             role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
         }
+        from vllm_bundle.release.sbom import build_sbom  # imported here: see sbom_writer
+
         (tmp / assets.sbom).write_bytes(
             build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes, date=date)
         )

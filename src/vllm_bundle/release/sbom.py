@@ -30,7 +30,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
-import cyclonedx
 from cyclonedx.contrib.license.exceptions import InvalidLicenseExpressionException, InvalidSpdxLicenseException
 from cyclonedx.contrib.license.factories import LicenseFactory
 from cyclonedx.contrib.this.builders import this_component
@@ -50,9 +49,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.inputs.lockfile import bundle_environment
+from vllm_bundle.manifests import SBOM_SPEC
 
 SBOM_NAMESPACE = uuid.UUID("6f1c1a52-8d0b-4a3e-9f5e-2b7d2f0c7a10")  # fixed: serials derive from content
-SCHEMA = SchemaVersion.V1_6
+SCHEMA = SchemaVersion.from_version(SBOM_SPEC)
 LICENSES = LicenseFactory()
 #: The platform the bundle's CPython runs on, for the markers of its distributions' requirements.
 PLATFORM = "x86_64-linux"
@@ -276,11 +276,6 @@ def named_component(
     if named.source and named.source in artifact_hashes:
         component.pedigree = _source_release(named, version, artifact_hashes[named.source])
     return component
-
-
-def writer() -> dict[str, str]:
-    """What writes the SBOM's bytes (the release stage is redone when it changes)."""
-    return {"cyclonedx-python-lib": cyclonedx.__version__, "spec": SCHEMA.to_version()}
 
 
 def _render(bom: Bom) -> bytes:
