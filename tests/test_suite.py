@@ -4,6 +4,8 @@ fixture that lives for the whole run lives in conftest.py, where every module an
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +89,47 @@ def test_a_build_case_goes_first_to_every_worker_but_one() -> None:
     units = ["tests/test_install.py", "tests/test_safety.py", *(case.format(t) for t in ("a", "b", "c"))]
     assert builds_first(units, 3) == [case.format("a"), case.format("b"), *units[:2], case.format("c")]
     assert builds_first(units, 1) == units
+
+
+def test_each_build_case_works_in_the_build_case_folder() -> None:
+    """The cases of ONE_BUILD_PER_CASE take ``build_case_dir`` (in RAM when it has room, conftest.py)."""
+    import importlib
+    import inspect
+
+    from tests.conftest import ONE_BUILD_PER_CASE
+
+    for name in ONE_BUILD_PER_CASE:
+        path, function = name.split("::")
+        test = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), function)
+        parameters = inspect.signature(test).parameters
+        assert "build_case_dir" in parameters and "tmp_path" not in parameters, name
+
+
+CASES = """
+def test_passes(build_case_dir):
+    (build_case_dir / "made").write_text("x")
+    print("FOLDER", build_case_dir, flush=True)
+
+def test_fails(build_case_dir):
+    print("FOLDER", build_case_dir, flush=True)
+    assert False
+"""
+
+
+def test_a_build_case_folder_is_in_ram_removed_when_it_passed_and_kept_when_it_failed(tmp_path: Path) -> None:
+    from tests.conftest import RAM_DIR, _ram_has_room
+
+    (tmp_path / "test_cases.py").write_text(CASES)
+    command = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-s", "-q"]
+    command += ["--basetemp", str(tmp_path / "base"), "--rootdir", str(tmp_path), str(tmp_path / "test_cases.py")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    folders = [Path(folder) for folder in re.findall(r"FOLDER (\S+)", result.stdout)]  # after pytest's "."
+    assert result.returncode == 1 and len(folders) == 2, result.stdout + result.stderr
+    passed, failed = folders
+    if _ram_has_room():
+        assert passed.is_relative_to(RAM_DIR) and failed.is_relative_to(RAM_DIR), folders
+        assert not passed.exists() and failed.is_dir(), "removed when it passed, kept when it failed"
+        assert f"the failed build case's folder is kept: {failed}" in result.stderr + result.stdout
+        shutil.rmtree(failed)
+    else:  # no tmpfs with room: the test's own tmp_path, which pytest keeps or removes
+        assert passed.is_relative_to(tmp_path / "base") and failed.is_relative_to(tmp_path / "base"), folders
