@@ -23,7 +23,7 @@ from platformdirs import user_cache_dir
 
 from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_NEXT, Fixture, build_fixture
 from tests.upstream.pypi import ZIGLANG_STAND_IN
-from tests.upstream.real_wheels import real_wheels
+from tests.upstream.real_wheels import build_tools, real_wheels
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.recipes import load_targets
 
@@ -48,7 +48,17 @@ exit 1
 # real downloads and compilers. A test that uses one (directly or through another fixture) is marked
 # ``slow``; `nox -s tests -- -m "not slow"` runs the rest, the quick tier (docs/testing.md).
 SLOW_FIXTURES = frozenset(
-    {"fixture_tree", "_server", "upstream", "locked", "built", "code_objects", "vllm_sdist", "build_python"}
+    {
+        "fixture_tree",
+        "_server",
+        "upstream",
+        "locked",
+        "built",
+        "code_objects",
+        "vllm_sdist",
+        "build_python",
+        "build_tool_wheels",
+    }
 )
 
 
@@ -160,6 +170,13 @@ def code_objects() -> dict[str, bytes]:
     work = TEST_CACHE / "code-objects"
     with one_worker_at_a_time(work):
         return compile_code_objects(real_zig(TEST_DOWNLOADS, work), isas, work)
+
+
+@pytest.fixture(scope="session")
+def build_tool_wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, str]:
+    """vLLM's real build tools from PyPI (real_wheels.py ``BUILD_TOOLS``): wheel file -> sha256, a build
+    group as the vllm-wheel stage takes it."""
+    return build_tools(TEST_DOWNLOADS, CP, tmp_path_factory.mktemp("build-tools"))
 
 
 @pytest.fixture(scope="session")

@@ -307,12 +307,14 @@ def test_the_real_wheel_carries_every_extension_with_the_targets_code(real_build
 # -- the build group's programs -------------------------------------------------------------------------------
 
 
-def test_the_build_runs_the_cmake_wheels_program_not_its_python_script(tmp_path: Path) -> None:
+def test_the_build_runs_the_cmake_wheels_program_not_its_python_script(
+    build_tool_wheels: dict[Path, str], tmp_path: Path
+) -> None:
     """The real cmake wheel's ``cmake`` console script reads its RECORD to find ``cmake/data/bin/cmake`` and
     execs it (0.3 s a run, 11 runs a build): the build's PATH finds that program first, and it is the one
     the script runs (what the script prints as its version is the program's)."""
     scratch = tmp_path / "scratch"
-    build = vllm_build.WheelBuild(Path(sys.executable), SOURCE_DATE, None, build_tools(TEST_DOWNLOADS, CP, tmp_path))
+    build = vllm_build.WheelBuild(Path(sys.executable), SOURCE_DATE, None, build_tool_wheels)
     env, bins = vllm_build.build_group_setup(build, scratch)
     path = os.pathsep.join(map(str, bins))
     found = Path(shutil.which("cmake", path=path) or "")
