@@ -10,7 +10,9 @@ A ROCm build runs in scratch space beside the stage (removed afterwards; never a
                                does it (files that are symlinks into core become hard links, so a tool
                                run from the devel tree takes it for its ROCm root) but with this tool's
                                safe extraction, and without touching any other wheel's files
-    .vllm-wheel.build/bin/     the build group's console scripts, and ``rustc``/``cargo`` that refuse
+    .vllm-wheel.build/shims/   first on PATH: ``rustc``/``cargo`` that refuse, the HIP compiler launcher
+    .vllm-wheel.build/bin/     the build group's console scripts, on PATH after its native programs
+                               (NATIVE_PROGRAM_DIRS: the cmake wheel's ``cmake/data/bin``)
     .vllm-wheel.build/triton-kernels/   the locked triton_kernels source (TRITON_KERNELS_SRC_DIR)
     .vllm-wheel.build/src/     a copy of the patched source, torch pins removed, built in place
 
