@@ -509,5 +509,9 @@ def make_blob(fx: Fixture, name: str, size: int) -> Path:
         while sum(len(b) for b in blocks) < size:
             block = hashlib.sha256(block).digest() * 64
             blocks.append(block)
-        path.write_bytes(b"".join(blocks)[:size])
+        # Written aside and renamed: a worker that finds the name finds the whole file (the fixture's
+        # files are shared by the run's workers; under --dist=load one module's tests spread across them).
+        partial = path.with_name(f".{name}.{os.getpid()}.tmp")
+        partial.write_bytes(b"".join(blocks)[:size])
+        os.replace(partial, path)
     return path
