@@ -245,7 +245,7 @@ def upstream(_server: UpstreamServer) -> Iterator[UpstreamServer]:
 RAM_DIR = Path("/dev/shm")
 #: Three cases at once, about 600 MiB each, and room to spare.
 RAM_NEEDED = 4 * 2**30
-REPORT = pytest.StashKey[dict[str, pytest.TestReport]]()
+PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -254,7 +254,7 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Each phase's report, kept on the test for its fixtures' teardown (``build_case_dir``)."""
     report = yield
-    item.stash.setdefault(REPORT, {})[report.when] = report
+    item.stash.setdefault(PHASE_REPORTS, {})[report.when] = report
     return report
 
 
@@ -275,7 +275,7 @@ def build_case_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[P
     base.mkdir(mode=0o700, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{tmp_path.name}-", dir=base))
     yield folder
-    reports = request.node.stash.get(REPORT, {})
+    reports = request.node.stash.get(PHASE_REPORTS, {})
     if all(report.passed for report in reports.values()):
         shutil.rmtree(folder)
     else:
