@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -234,52 +234,54 @@ def upstream(_server: UpstreamServer) -> Iterator[UpstreamServer]:
     _server.reset()
 
 
-# -- the build cases' folder ------------------------------------------------------------------------------
+# -- the run's temporary folders ---------------------------------------------------------------------------
 
-#: Where a case of ONE_BUILD_PER_CASE works when it has room: a RAM file system. Those cases build,
-#: qualify and release each target from each channel; what they prove is about targets and channels, not
-#: disks. On this suite's 2-core machine creating a file on the disk (ext4) took 0.3 ms of kernel time
-#: against 0.005 ms in RAM, and a case (lock and bundle of gfx1150) took 24.5 s of CPU there against
-#: 30.1-32.2 s on the disk. Every other test stays on the disk: ext4's hashed directory order is an
-#: adversary the reproducibility tests need (tmpfs lists a folder in the order it was written).
+#: Where the run's temporary folders (``tmp_path``, ``tmp_path_factory``) go when the machine has room: a
+#: RAM file system. On this suite's 2-core machine creating a file on the disk (ext4) took 0.3 ms of kernel
+#: time against 0.005 ms in RAM, and test_install.py with test_safety.py took 202 s (134 s user, 68 s
+#: system) with their folders on the disk against 153 s (125 s, 31 s) in RAM. How a folder lists its files
+#: differs (ext4: in the order of a hash of the names; tmpfs: newest first), but on either the same files
+#: list the same way in two builds: the one verify-repro run of the suite shuffles the order on purpose
+#: (``shuffled_order``).
 RAM_DIR = Path("/dev/shm")
-#: Three cases at once, about 600 MiB each, and room to spare.
-RAM_NEEDED = 4 * 2**30
-PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+#: The most a run holds in its folders at once, and beside it what its processes use. Measured on a whole
+#: run (`nox -s tests`, 1088 tests, every one passing): at most 6.2 GiB in /dev/shm, and the machine's
+#: available memory fell by 8.0 GiB at most.
+RAM_PEAK = 8 * 2**30
+RAM_NEEDED = RAM_PEAK + 4 * 2**30
+#: pytest's own setting: where its numbered ``pytest-of-<user>/pytest-<n>`` folders are made (and the
+#: older ones removed: ``tmp_path_retention_count``).
+TEMPROOT_ENV = "PYTEST_DEBUG_TEMPROOT"
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """Each phase's report, kept on the test for its fixtures' teardown (``build_case_dir``)."""
-    report = yield
-    item.stash.setdefault(PHASE_REPORTS, {})[report.when] = report
-    return report
-
-
-def _ram_has_room() -> bool:
-    mounts = Path("/proc/mounts").read_text() if Path("/proc/mounts").is_file() else ""
+def ram_temproot(mounts: str, ram_free: int, memory_available: int) -> Path | None:
+    """RAM_DIR when it is a tmpfs (by ``mounts``, /proc/mounts' text) with RAM_PEAK free in it and
+    RAM_NEEDED of memory available, else None (the system's temporary directory, on the disk)."""
     tmpfs = any(line.split()[1:3] == [str(RAM_DIR), "tmpfs"] for line in mounts.splitlines() if line.strip())
-    return tmpfs and os.access(RAM_DIR, os.W_OK) and shutil.disk_usage(RAM_DIR).free >= RAM_NEEDED
+    return RAM_DIR if tmpfs and ram_free >= RAM_PEAK and memory_available >= RAM_NEEDED else None
 
 
-@pytest.fixture
-def build_case_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    """A build case's own folder: in RAM_DIR when it is a tmpfs with RAM_NEEDED free (removed when the
-    case passed, kept and named when it failed), else ``tmp_path``."""
-    if not _ram_has_room():
-        yield tmp_path
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's folders in RAM when it has room (``ram_temproot``), unless ``--basetemp`` or
+    ``$PYTEST_DEBUG_TEMPROOT`` says where. Set in the controller: pytest-xdist gives each worker a folder
+    inside the controller's."""
+    if config.option.basetemp is not None or TEMPROOT_ENV in os.environ:
         return
-    base = RAM_DIR / f"vllm-bundle-tests-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f"{tmp_path.name}-", dir=base))
-    yield folder
-    reports = request.node.stash.get(PHASE_REPORTS, {})
-    if all(report.passed for report in reports.values()):
-        shutil.rmtree(folder)
-    else:
-        sys.stderr.write(f"\nthe failed build case's folder is kept: {folder}\n")
+    import psutil
+
+    mounts = Path("/proc/mounts").read_text() if Path("/proc/mounts").is_file() else ""
+    writable = RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK)
+    free = shutil.disk_usage(RAM_DIR).free if writable else 0
+    root = ram_temproot(mounts, free, psutil.virtual_memory().available)
+    if root is not None:
+        os.environ[TEMPROOT_ENV] = str(root)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.option.basetemp is not None:
+        return f"temporary folders: {config.option.basetemp} (--basetemp)"
+    root = Path(os.environ.get(TEMPROOT_ENV) or tempfile.gettempdir())
+    return f"temporary folders: under {root}" + (" (in RAM)" if root == RAM_DIR else "")
 
 
 @pytest.fixture
@@ -376,6 +378,39 @@ def small_disk(mount_point: Path, size: str, *, read_only: bool = False) -> Iter
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@contextmanager
+def shuffled_order(under: Path, mount_point: Path) -> Iterator[Path]:
+    """``under`` seen at ``mount_point`` through disorderfs (Debian's; FUSE), which lists every folder in a
+    new random order each time it is read: reprotest's file-ordering variation, the adversary of a build
+    that lists a folder and keeps the order it got. Checked before use: a folder of 26 files, written in
+    order, lists in another order than it was written, and in another order when read again."""
+    if shutil.which("disorderfs") is None or shutil.which("fusermount") is None:
+        pytest.fail("this test needs disorderfs and FUSE (apt-get install disorderfs; .ci/run does)")
+    under.mkdir(parents=True, exist_ok=True)
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["disorderfs", "--quiet", "--shuffle-dirents=yes", str(under), str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"disorderfs could not mount (this test needs FUSE: /dev/fuse): {mounted.stderr.strip()}")
+    try:
+        probe = mount_point / ".order-probe"
+        probe.mkdir()
+        names = [chr(ord("a") + i) for i in range(26)]
+        for name in names:
+            (probe / name).touch()
+        listings = [os.listdir(probe), os.listdir(probe)]
+        assert sorted(listings[0]) == names and names not in listings and listings[0] != listings[1], listings
+        shutil.rmtree(probe)
+        yield mount_point
+    finally:
+        if subprocess.run(["fusermount", "-u", str(mount_point)], capture_output=True, check=False).returncode:
+            subprocess.run(["fusermount", "-u", "-z", str(mount_point)], capture_output=True, check=False)
 
 
 class _FillingFile:

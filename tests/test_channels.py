@@ -345,7 +345,7 @@ def test_a_target_a_channel_does_not_serve_is_refused_in_one_line(
 
 @pytest.mark.parametrize(("channel", "target"), BUILT)
 def test_every_target_is_built_qualified_and_released_on_every_channel_built_from(
-    channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, build_case_dir: Path
+    channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
     """Each target from a channel's own index, lock to release assets (#33): the lock holds every ISA's
     device packages (a per-family index: the family's libraries), vLLM's own CMake builds real code objects
@@ -354,21 +354,21 @@ def test_every_target_is_built_qualified_and_released_on_every_channel_built_fro
     passes (on nightly-legacy reading the SDK's and torch's device code from their fat binaries), and the
     release is tagged with the channel's ROCm and names the channel and its torch."""
     facts = CHANNELS[channel][1]
-    result = _lock(upstream, recipes_dir, channel, build_case_dir / "cache", target=target)
+    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
     assert result.returncode == 0, result.stderr
     _assert_locked_for(target, channel, recipes_dir)
-    args = bundle_args(recipes_dir, upstream, build_case_dir / "build", build_case_dir / "cache")
+    args = bundle_args(recipes_dir, upstream, tmp_path / "build", tmp_path / "cache")
     if facts.layout == "per-family":  # each family's index has files named as the others': no flat mirror
         del args[args.index("--mirror") : args.index("--mirror") + 2]
     result = run_cli(args[0], target, *args[2:], "--channel", channel, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     isas = list(TARGETS[target].isas)
     tag = f"vllm0.33.0-rocm{facts.versions['rocm']}-{target}"
-    release = json.loads((build_case_dir / "bundles" / tag / "release.json").read_text())
+    release = json.loads((tmp_path / "bundles" / tag / "release.json").read_text())
     assert release["channel"] == channel and release["versions"]["torch"] == facts.versions["torch"], release
     assert release["vllm_build"]["extensions"] == dict.fromkeys(DEVICE_CODE, isas)
     assert release["qualification"]["tier0"]["passed"], release["qualification"]
-    site = build_case_dir / "build" / target / "root" / f"lib/python{PYTHON_MINOR}/site-packages"
+    site = tmp_path / "build" / target / "root" / f"lib/python{PYTHON_MINOR}/site-packages"
     for name in DEVICE_CODE:
         assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == set(isas), name
     if facts.layout == "per-family":  # the SDK's and torch's device code inside their libraries, as tier 0 read it

@@ -20,7 +20,16 @@ import pytest
 import requests
 import yaml
 
-from tests.conftest import TEST_REPO, assert_one_line_error, bundle_args, copy_recipes, run_cli, small_disk, tree_digest
+from tests.conftest import (
+    TEST_REPO,
+    assert_one_line_error,
+    bundle_args,
+    copy_recipes,
+    run_cli,
+    shuffled_order,
+    small_disk,
+    tree_digest,
+)
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from tests.upstream.registry import (
     BASE_REPOSITORY,
@@ -66,12 +75,15 @@ def image_args(locked: Path, upstream: UpstreamServer, registry: RegistryServer,
 @pytest.fixture(scope="module")
 def repro(
     locked: Path, _server: UpstreamServer, base_published: RegistryServer, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """``verify-repro gfx1151 --image``: two builds (other directories, umask, TZ, one CPU)."""
+) -> Iterator[tuple[subprocess.CompletedProcess[str], Path]]:
+    """``verify-repro gfx1151 --image``: two builds (other directories, umask, TZ, one CPU), each listing
+    its folders in an order of its own, shuffled anew at every read (``shuffled_order``): what the run
+    compares against is the suite's own build (``built``), whose folders list in the usual order."""
     work = tmp_path_factory.mktemp("image-repro")
     args = image_args(locked, _server, base_published, work)[2:]  # without "image gfx1151"
-    result = run_cli("verify-repro", TARGET, "--work", work / "runs", *args, "--image", timeout=900)
-    return result, work / "runs"
+    with shuffled_order(work / "runs-unshuffled", work / "runs") as runs:
+        result = run_cli("verify-repro", TARGET, "--work", runs, *args, "--image", timeout=900)
+        yield result, runs
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,14 @@ fixture that lives for the whole run lives in conftest.py, where every module an
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -91,45 +94,51 @@ def test_a_build_case_goes_first_to_every_worker_but_one() -> None:
     assert builds_first(units, 1) == units
 
 
-def test_each_build_case_works_in_the_build_case_folder() -> None:
-    """The cases of ONE_BUILD_PER_CASE take ``build_case_dir`` (in RAM when it has room, conftest.py)."""
-    import importlib
-    import inspect
-
-    from tests.conftest import ONE_BUILD_PER_CASE
-
-    for name in ONE_BUILD_PER_CASE:
-        path, function = name.split("::")
-        test = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), function)
-        parameters = inspect.signature(test).parameters
-        assert "build_case_dir" in parameters and "tmp_path" not in parameters, name
+SHM = "tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0"
+DISK = "/dev/vda / ext4 rw,relatime 0 0"
 
 
-CASES = """
-def test_passes(build_case_dir):
-    (build_case_dir / "made").write_text("x")
-    print("FOLDER", build_case_dir, flush=True)
+def test_the_runs_folders_are_in_ram_when_it_has_room() -> None:
+    from tests.conftest import RAM_DIR, RAM_NEEDED, RAM_PEAK, ram_temproot
 
-def test_fails(build_case_dir):
-    print("FOLDER", build_case_dir, flush=True)
-    assert False
+    assert ram_temproot(f"{DISK}\n{SHM}\n", RAM_PEAK, RAM_NEEDED) == RAM_DIR
+    assert ram_temproot(DISK, RAM_PEAK, RAM_NEEDED) is None, "no tmpfs at /dev/shm"
+    assert ram_temproot("/dev/vdb /dev/shm ext4 rw 0 0", RAM_PEAK, RAM_NEEDED) is None, "a disk there"
+    assert ram_temproot(SHM, RAM_PEAK - 1, RAM_NEEDED) is None, "too small a tmpfs"
+    assert ram_temproot(SHM, RAM_PEAK, RAM_NEEDED - 1) is None, "too little memory for it and the builds"
+
+
+FOLDER = """
+def test_where(tmp_path):
+    print("FOLDER", tmp_path, flush=True)
 """
 
 
-def test_a_build_case_folder_is_in_ram_removed_when_it_passed_and_kept_when_it_failed(tmp_path: Path) -> None:
-    from tests.conftest import RAM_DIR, _ram_has_room
+@pytest.mark.parametrize("asked", [None, "--basetemp"])
+def test_a_run_puts_its_folders_where_it_chose_and_says_where(asked: str | None, tmp_path: Path) -> None:
+    """Without ``--basetemp`` (or ``$PYTEST_DEBUG_TEMPROOT``) a run's folders are in RAM when this machine
+    has room (``ram_temproot``), else in the system's temporary directory; the header says which."""
+    import tempfile
 
-    (tmp_path / "test_cases.py").write_text(CASES)
-    command = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-s", "-q"]
-    command += ["--basetemp", str(tmp_path / "base"), "--rootdir", str(tmp_path), str(tmp_path / "test_cases.py")]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
-    folders = [Path(folder) for folder in re.findall(r"FOLDER (\S+)", result.stdout)]  # after pytest's "."
-    assert result.returncode == 1 and len(folders) == 2, result.stdout + result.stderr
-    passed, failed = folders
-    if _ram_has_room():
-        assert passed.is_relative_to(RAM_DIR) and failed.is_relative_to(RAM_DIR), folders
-        assert not passed.exists() and failed.is_dir(), "removed when it passed, kept when it failed"
-        assert f"the failed build case's folder is kept: {failed}" in result.stderr + result.stdout
-        shutil.rmtree(failed)
-    else:  # no tmpfs with room: the test's own tmp_path, which pytest keeps or removes
-        assert passed.is_relative_to(tmp_path / "base") and failed.is_relative_to(tmp_path / "base"), folders
+    import psutil
+
+    from tests.conftest import RAM_DIR, TEMPROOT_ENV, ram_temproot
+
+    (tmp_path / "test_where.py").write_text(FOLDER)
+    command = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-s"]
+    command += ["--rootdir", str(tmp_path), str(tmp_path / "test_where.py")]
+    if asked:
+        command += ["--basetemp", str(tmp_path / "base")]
+    env = {key: value for key, value in os.environ.items() if key != TEMPROOT_ENV}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (folder,) = [Path(folder) for folder in re.findall(r"FOLDER (\S+)", result.stdout)]
+    if asked:
+        assert folder.is_relative_to(tmp_path / "base")
+        assert f"temporary folders: {tmp_path / 'base'} (--basetemp)" in result.stdout
+        return
+    mounts = Path("/proc/mounts").read_text()
+    chosen = ram_temproot(mounts, shutil.disk_usage(RAM_DIR).free, psutil.virtual_memory().available)
+    root = chosen or Path(tempfile.gettempdir())
+    assert folder.is_relative_to(root), (folder, root)
+    assert f"temporary folders: under {root}" + (" (in RAM)" if chosen else "") in result.stdout

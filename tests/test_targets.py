@@ -36,16 +36,16 @@ def _bundle(target: str, locked: Path, upstream: UpstreamServer, work: Path) -> 
 
 @pytest.mark.parametrize("target", sorted(set(TARGETS) - COVERED_ELSEWHERE))
 def test_each_target_is_built_qualified_and_released(
-    target: str, locked: Path, upstream: UpstreamServer, build_case_dir: Path
+    target: str, locked: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
-    args = _bundle(target, locked, upstream, build_case_dir)
+    args = _bundle(target, locked, upstream, tmp_path)
     result = run_cli(*args, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     isas = list(TARGETS[target].isas)
-    site = build_case_dir / "build" / target / "root" / SITE
+    site = tmp_path / "build" / target / "root" / SITE
     for name in DEVICE_CODE:
         assert fatbin_isas(site / "vllm" / f"{name}.abi3.so") == set(isas), name
-    (assets,) = [path for path in (build_case_dir / "bundles").iterdir() if path.is_dir()]
+    (assets,) = [path for path in (tmp_path / "bundles").iterdir() if path.is_dir()]
     assert assets.name == f"vllm0.33.0-rocm{ROCM_VERSION}-{target}"
     release = json.loads((assets / "release.json").read_text())
     assert release["target"] == target and release["vllm_build"]["isas"] == isas, release
