@@ -90,19 +90,38 @@ def unit_of_work(nodeid: str, scope: str) -> str:
     return nodeid if _is_build_case(nodeid) else scope
 
 
-def builds_first(units: list[str], workers: int) -> list[str]:
-    """The order the units are handed out in: one build case first for every worker but one, then the
-    rest as xdist queued them. The first module a worker gets most often needs the shared gfx1151 build
-    (``built``), which one worker makes while the others wait for it; these workers build a target of
-    their own meanwhile."""
-    first = [unit for unit in units if _is_build_case(unit)][: max(workers - 1, 0)]
+#: Modules none of whose tests is slow, longest first (tests/test_suite.py checks that they stay so). On
+#: a cold clean clone the worker that meets the first slow test builds the fake upstream's files (67-77 s)
+#: while every other worker's first slow test waits for them: these keep those workers busy meanwhile.
+STARTERS = (
+    "tests/test_flat_memory.py",
+    "tests/test_doctor.py",
+    "tests/test_sbom.py",
+    "tests/test_cli.py",
+    "tests/test_workflows.py",
+    "tests/test_recipes.py",
+    "tests/test_layering.py",
+    "tests/test_docs.py",
+    "tests/test_registry_auth.py",
+)
+
+
+def hand_out_order(units: list[str], workers: int) -> list[str]:
+    """The order the units are handed out in: one build case (its worker builds the fake upstream's
+    files), the STARTERS (the other workers run them meanwhile), a build case for each other worker
+    (they need the fake upstream but not the shared gfx1151 build, ``built``, which the first worker makes
+    when it comes to its first module), then the rest as xdist queued them."""
+    if workers < 2:
+        return units
+    cases = [unit for unit in units if _is_build_case(unit)]
+    first = cases[:1] + [unit for unit in STARTERS if unit in units] + cases[1:workers]
     return first + [unit for unit in units if unit not in first]
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist=loadscope`` (`nox -s tests`), but each case of ONE_BUILD_PER_CASE is a unit of its own.
     xdist queues the units with the most tests first, so these single cases come last and even out the
-    workers' ends; a few go first instead (``builds_first``)."""
+    workers' ends; a few go first instead (``hand_out_order``)."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
@@ -116,7 +135,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             if not self.ordered:  # the first hand-out: the queue is complete
                 self.ordered = True
-                for unit in reversed(builds_first(list(self.workqueue), len(self.nodes))):
+                for unit in reversed(hand_out_order(list(self.workqueue), len(self.nodes))):
                     self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
 
