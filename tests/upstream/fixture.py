@@ -27,6 +27,7 @@ is built by its own setup.py and CMake, whose compiler, the fake SDK's, is the r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import html
 import json
@@ -230,6 +231,16 @@ def _family_device_code(libs: dict[str, Path], work: Path) -> dict[str, Path]:
 _STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__", "lib2to3", "ensurepip"}
 
 
+def _not_in_install_only(stdlib: Path, directory: str, names: list[str]) -> list[str]:
+    """What python-build-standalone's install_only archives leave out of the standard library: its test
+    packages and the static ``libpython*.a`` (in ``config-3.X-<triple>/``: "it significantly increases
+    the size of the archive and isn't needed in most cases", astral-sh/python-build-standalone
+    src/release.rs ``convert_to_install_only``; this machine's CPython has a 45 MB one), and what the
+    fixture leaves out besides (_STDLIB_SKIP, byte code)."""
+    skipped = _STDLIB_SKIP if Path(directory) == stdlib else {"__pycache__"}
+    return [name for name in names if name in skipped or (name.startswith("libpython") and name.endswith(".a"))]
+
+
 def _install_bundled_pip(site: Path) -> None:
     """pip from the wheel ensurepip carries in the standard library, never from the test runner's
     environment (a uv-made venv has no pip; CPython's own stdlib always has this wheel)."""
@@ -265,7 +276,7 @@ def _python_tree(dest: Path) -> None:
         lib,
         top / "lib" / f"python{PYTHON_MINOR}",
         symlinks=True,
-        ignore=lambda d, names: [n for n in names if (n in _STDLIB_SKIP and Path(d) == lib) or n == "__pycache__"],
+        ignore=functools.partial(_not_in_install_only, lib),
     )
     site = top / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
     site.mkdir()
