@@ -90,7 +90,7 @@ def test_nothing_of_the_builders_environment_leaks_in(tmp_path: Path, monkeypatc
     env = base_environment(tmp_path, [tmp_path / "bin"], 1763596800, jobs=3)
     assert set(env) == {
         *("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TZ", "SOURCE_DATE_EPOCH", "MAX_JOBS"),
-        *("PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE", "PYTHONHASHSEED"),
+        *("PYTHONPYCACHEPREFIX", "PYTHONNOUSERSITE", "PYTHONHASHSEED"),
         *("PIP_NO_INDEX", "PIP_CONFIG_FILE", "PIP_DISABLE_PIP_VERSION_CHECK", "CARGO_NET_OFFLINE", "HF_HUB_OFFLINE"),
         *("GIT_TERMINAL_PROMPT", "no_proxy", "NO_PROXY"),
         *("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"),
@@ -99,6 +99,26 @@ def test_nothing_of_the_builders_environment_leaks_in(tmp_path: Path, monkeypatc
     assert env["PATH"].startswith(f"{tmp_path / 'bin'}{os.pathsep}"), "the build's own tools first"
     assert env["HOME"].startswith(str(tmp_path)) and env["TMPDIR"].startswith(str(tmp_path))
     assert env["SOURCE_DATE_EPOCH"] == "1763596800" and env["MAX_JOBS"] == "3"
+
+
+def test_the_builds_interpreters_share_byte_code_in_scratch_and_write_none_beside_a_source(tmp_path: Path) -> None:
+    """A vLLM build starts the site stage's Python some twenty times (setup.py, CMake's probes, hipify,
+    torch's queries), and python-build-standalone's CPython ships no byte code: each of them compiled
+    every module it imported anew. The build's interpreters write it under scratch, which goes with the
+    build, and never beside a source: not into a finished stage (the site), not into vLLM's sources."""
+    import subprocess
+    import sys
+
+    source = tmp_path / "stage" / "a_module.py"
+    source.parent.mkdir()
+    source.write_text("VALUE = 1\n")
+    env = base_environment(tmp_path / "scratch", [tmp_path / "bin"], 1763596800, jobs=1)
+    env["PYTHONPATH"] = str(source.parent)
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", "import a_module"], env=env, check=True)
+    assert not (source.parent / "__pycache__").exists(), "nothing written beside the source"
+    cached = list((tmp_path / "scratch").rglob("a_module.*.pyc"))
+    assert len(cached) == 1 and cached[0].is_relative_to(tmp_path / "scratch"), cached
 
 
 def test_max_jobs_is_bounded_by_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
