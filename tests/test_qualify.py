@@ -237,7 +237,18 @@ def test_planted_defect_is_named(
     assert check in failed, failed
     assert any(cause in problem for problem in failed[check]), failed[check]
     assert f"FAIL {check}" in result.stdout
-    assert qualify(bundle, tmp_path, locked, "--warn-only").returncode == 0
+
+
+def test_warn_only_reports_a_failed_check_and_exits_zero(bundle: Path, tmp_path: Path, locked: Path) -> None:
+    """``--warn-only`` changes the exit code alone: the report and the output name the failed check as
+    without it. (Once here: each planted defect above is a check's failure reported the same way.)"""
+    _drop_comgr(bundle)
+    result = qualify(bundle, tmp_path, locked, "--warn-only")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    failed = {c["name"]: c["problems"] for c in report["checks"] if not c["passed"]}
+    assert any("libamdhip64.so.7 needs libamd_comgr.so.3" in problem for problem in failed["elf-closure"]), failed
+    assert "FAIL elf-closure" in result.stdout
 
 
 def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: Path, upstream) -> None:  # type: ignore[no-untyped-def]
