@@ -380,19 +380,21 @@ def lock_against(server: UpstreamServer, recipes: Path, target: str, cache: Path
     )
 
 
+def _mount(command: list[str], why: str) -> None:
+    """Run a mount ``command``; the test fails with ``why`` and the command's own error if it cannot."""
+    mounted = subprocess.run(command, capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.fail(f"{why}: {mounted.stderr.strip()}")
+
+
 @contextmanager
 def small_disk(mount_point: Path, size: str, *, read_only: bool = False) -> Iterator[Path]:
     """A real, tiny file system (tmpfs; needs root, as CI has) to fill up, or mounted read-only."""
     mount_point.mkdir(parents=True, exist_ok=True)
     options = f"ro,size={size}" if read_only else f"size={size}"
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
+    _mount(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)], "this test mounts a tmpfs and needs root"
     )
-    if mounted.returncode != 0:
-        pytest.fail(f"this test mounts a tmpfs and needs root: {mounted.stderr.strip()}")
     try:
         yield mount_point
     finally:
@@ -409,14 +411,8 @@ def shuffled_order(under: Path, mount_point: Path) -> Iterator[Path]:
         pytest.fail("this test needs disorderfs and FUSE (apt-get install disorderfs; .ci/run does)")
     under.mkdir(parents=True, exist_ok=True)
     mount_point.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["disorderfs", "--quiet", "--shuffle-dirents=yes", str(under), str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"disorderfs could not mount (this test needs FUSE: /dev/fuse): {mounted.stderr.strip()}")
+    command = ["disorderfs", "--quiet", "--shuffle-dirents=yes", str(under), str(mount_point)]
+    _mount(command, "disorderfs could not mount (this test needs FUSE: /dev/fuse)")
     try:
         probe = mount_point / ".order-probe"
         probe.mkdir()
