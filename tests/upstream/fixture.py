@@ -232,11 +232,12 @@ _STDLIB_SKIP = {"site-packages", "test", "idlelib", "tkinter", "turtledemo", "__
 
 
 def _not_in_install_only(stdlib: Path, directory: str, names: list[str]) -> list[str]:
-    """What python-build-standalone's install_only archives leave out of the standard library: its test
-    packages and the static ``libpython*.a`` (in ``config-3.X-<triple>/``: "it significantly increases
-    the size of the archive and isn't needed in most cases", astral-sh/python-build-standalone
-    src/release.rs ``convert_to_install_only``; this machine's CPython has a 45 MB one), and what the
-    fixture leaves out besides (_STDLIB_SKIP, byte code)."""
+    """What the fixture leaves out of this machine's standard library: the static ``libpython*.a`` (in
+    ``config-3.X-<triple>/``, 45 MB here), as python-build-standalone's install_only archives do ("it
+    significantly increases the size of the archive and isn't needed in most cases",
+    astral-sh/python-build-standalone src/release.rs ``convert_to_install_only``, which also drops the
+    stdlib's test packages: here the top-level ``test``, while the small ones inside other packages stay),
+    byte code (its build-cpython.sh removes every ``__pycache__``) and the rest of _STDLIB_SKIP."""
     skipped = _STDLIB_SKIP if Path(directory) == stdlib else {"__pycache__"}
     return [name for name in names if name in skipped or (name.startswith("libpython") and name.endswith(".a"))]
 
