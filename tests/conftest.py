@@ -280,18 +280,23 @@ def ram_temproot(mounts: str, ram_free: int, memory_available: int) -> Path | No
     return RAM_DIR if tmpfs and ram_free >= RAM_PEAK and memory_available >= RAM_NEEDED else None
 
 
+def this_machines_ram_temproot() -> Path | None:
+    """``ram_temproot`` of this machine, as it is now."""
+    import psutil
+
+    mounts = Path("/proc/mounts").read_text() if Path("/proc/mounts").is_file() else ""
+    writable = RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK)
+    free = shutil.disk_usage(RAM_DIR).free if writable else 0
+    return ram_temproot(mounts, free, psutil.virtual_memory().available)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The run's folders in RAM when it has room (``ram_temproot``), unless ``--basetemp`` or
     ``$PYTEST_DEBUG_TEMPROOT`` says where. Set in the controller: pytest-xdist gives each worker a folder
     inside the controller's."""
     if config.option.basetemp is not None or TEMPROOT_ENV in os.environ:
         return
-    import psutil
-
-    mounts = Path("/proc/mounts").read_text() if Path("/proc/mounts").is_file() else ""
-    writable = RAM_DIR.is_dir() and os.access(RAM_DIR, os.W_OK)
-    free = shutil.disk_usage(RAM_DIR).free if writable else 0
-    root = ram_temproot(mounts, free, psutil.virtual_memory().available)
+    root = this_machines_ram_temproot()
     if root is not None:
         os.environ[TEMPROOT_ENV] = str(root)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,9 +133,7 @@ def test_a_run_puts_its_folders_where_it_chose_and_says_where(asked: str | None,
     has room (``ram_temproot``), else in the system's temporary directory; the header says which."""
     import tempfile
 
-    import psutil
-
-    from tests.conftest import RAM_DIR, TEMPROOT_ENV, ram_temproot
+    from tests.conftest import TEMPROOT_ENV, this_machines_ram_temproot
 
     (tmp_path / "test_where.py").write_text(FOLDER)
     command = [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-s"]
@@ -151,8 +148,7 @@ def test_a_run_puts_its_folders_where_it_chose_and_says_where(asked: str | None,
         assert folder.is_relative_to(tmp_path / "base")
         assert f"temporary folders: {tmp_path / 'base'} (--basetemp)" in result.stdout
         return
-    mounts = Path("/proc/mounts").read_text()
-    chosen = ram_temproot(mounts, shutil.disk_usage(RAM_DIR).free, psutil.virtual_memory().available)
+    chosen = this_machines_ram_temproot()
     root = chosen or Path(tempfile.gettempdir())
     assert folder.is_relative_to(root), (folder, root)
     assert f"temporary folders: under {root}" + (" (in RAM)" if chosen else "") in result.stdout
