@@ -38,11 +38,11 @@ from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
 from vllm_bundle.tree.records import read_record, records, resolve, verify_records
-from vllm_bundle.tree.relocate import files_mentioning, regular_files
+from vllm_bundle.tree.relocate import dynamic_files, files_mentioning, regular_files
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.toolchain import WRAPPER, named_target, named_zig, toolchain_problems
 from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_tree
-from vllm_bundle.util.elf import dynamic_info, is_elf
+from vllm_bundle.util.elf import DynamicInfo, is_elf
 from vllm_bundle.util.extract import symlink_problems
 from vllm_bundle.util.fsutil import link_or_copy
 from vllm_bundle.util.offload import fatbin_isas
@@ -139,17 +139,14 @@ def owners(site: Path) -> dict[Path, str]:
     return owned
 
 
-def check_elf_closure(layout: Layout, rules: QualifyRules) -> CheckResult:
+def check_elf_closure(layout: Layout, rules: QualifyRules, elves: Mapping[Path, DynamicInfo]) -> CheckResult:
     """Every DT_NEEDED resolves, save what a package is allowed to lack (qualify.toml's
-    optional-libraries: a feature of it the server does not use); those are listed as notes."""
+    optional-libraries: a feature of it the server does not use); those are listed as notes. ``elves``:
+    the tree's dynamic ELF files (relocate.dynamic_files)."""
     launcher_dirs = [layout.site / d for d in library_dirs(layout)] + [layout.root / "lib"]
     owned = owners(layout.site)
-    problems, notes, count = [], [], 0
-    for path in regular_files(layout.root):
-        info = dynamic_info(path) if is_elf(path) else None
-        if info is None:
-            continue
-        count += 1
+    problems, notes = [], []
+    for path, info in elves.items():
         search = [_expand(e, path.parent) for e in (*info.rpath, *info.runpath) if e] + launcher_dirs
         package = owned.get(Path(os.path.normpath(path)))
         for needed in info.needed:
@@ -161,17 +158,16 @@ def check_elf_closure(layout: Layout, rules: QualifyRules) -> CheckResult:
                 notes.append(f"{line} (optional for {package}, qualify.toml)")
             else:
                 problems.append(f"{line}, found neither in the bundle nor in the system allow-list")
-    summary = f"{count} ELF files, every DT_NEEDED resolved"
+    summary = f"{len(elves)} ELF files, every DT_NEEDED resolved"
     if notes:
         summary += f"; {len(notes)} optional libraries absent: " + "; ".join(notes[:3])
     return CheckResult("elf-closure", not problems, summary, problems)
 
 
-def check_search_paths(layout: Layout, rules: QualifyRules) -> CheckResult:
+def check_search_paths(layout: Layout, rules: QualifyRules, elves: Mapping[Path, DynamicInfo]) -> CheckResult:
     problems = []
-    for path in regular_files(layout.root):
-        info = dynamic_info(path) if is_elf(path) else None
-        for entry in (*info.rpath, *info.runpath) if info else ():
+    for path, info in elves.items():
+        for entry in (*info.rpath, *info.runpath):
             if entry and not entry.startswith(("$ORIGIN", "${ORIGIN}")) and entry not in rules.system_library_dirs:
                 problems.append(f"{path.relative_to(layout.root)} has an absolute RPATH/RUNPATH {entry}")
     return CheckResult("search-paths", not problems, "RPATH/RUNPATH entries are $ORIGIN-relative", problems)
@@ -503,9 +499,10 @@ def qualify_tree(
     progress: Callable[[str], None] = lambda name: None,
 ) -> Report:
     layout = Layout(root, minor)
+    elves = dynamic_files(root)  # two checks read them
     checks: list[Callable[[], CheckResult]] = [
-        lambda: check_elf_closure(layout, rules),
-        lambda: check_search_paths(layout, rules),
+        lambda: check_elf_closure(layout, rules, elves),
+        lambda: check_search_paths(layout, rules, elves),
         lambda: check_torch_abi(layout),
         lambda: check_torch_requirement(layout),
         lambda: check_records(layout),

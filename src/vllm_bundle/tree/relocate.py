@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from vllm_bundle.errors import RelocationError
-from vllm_bundle.util.elf import dynamic_info, is_elf, set_runpath
+from vllm_bundle.util.elf import DynamicInfo, dynamic_info, is_elf, set_runpath
 
 TRAMPOLINE = """#!/bin/sh
 '''exec' "$(dirname -- "$(realpath -- "$0")")/{python}" "$0" "$@"
@@ -28,6 +28,17 @@ def regular_files(root: Path) -> Iterator[Path]:
             path = Path(dirpath, name)
             if path.is_file() and not path.is_symlink():
                 yield path
+
+
+def dynamic_files(root: Path) -> dict[Path, DynamicInfo]:
+    """Each dynamic ELF file of the tree (regular files, in path order) with what its dynamic section says:
+    read once for all that need it (pyelftools takes milliseconds a file)."""
+    found = {}
+    for path in sorted(regular_files(root)):
+        info = dynamic_info(path) if is_elf(path) else None
+        if info is not None:
+            found[path] = info
+    return found
 
 
 def unshare(path: Path) -> None:
@@ -63,16 +74,13 @@ def fix_rpaths(root: Path, build_dir: Path) -> list[Path]:
     pick up a host's ROCm; the system's own directories are searched by the loader anyway."""
     fixed = []
     build = str(build_dir.resolve())
-    for path in regular_files(root):
-        info = dynamic_info(path) if is_elf(path) else None
-        if info is None:
-            continue
+    for path, info in dynamic_files(root).items():
         entries = list(info.runpath or info.rpath)
         if not any(entry.startswith("/") for entry in entries):
             continue
         rewritten = [_origin_relative(path, e, root, build) for e in entries if e.startswith(("$", build))]
         unshare(path)
-        set_runpath(path, rewritten)
+        set_runpath(path, rewritten, info)
         fixed.append(path)
     return fixed
 

@@ -71,9 +71,10 @@ def patchelf_bin() -> str:
     return found
 
 
-def set_runpath(path: Path, entries: list[str]) -> None:
-    """Replace the file's search path (kept as DT_RUNPATH, or DT_RPATH if that is what it had)."""
-    info = dynamic_info(path)
+def set_runpath(path: Path, entries: list[str], info: DynamicInfo | None = None) -> None:
+    """Replace the file's search path (kept as DT_RUNPATH, or DT_RPATH if that is what it had); ``info``:
+    the file's dynamic section as the caller has just read it."""
+    info = info if info is not None else dynamic_info(path)
     command = [patchelf_bin(), "--set-rpath", ":".join(entries)]
     if info is not None and info.rpath and not info.runpath:
         command.append("--force-rpath")
