@@ -139,14 +139,14 @@ def owners(site: Path) -> dict[Path, str]:
     return owned
 
 
-def check_elf_closure(layout: Layout, rules: QualifyRules, elves: Mapping[Path, DynamicInfo]) -> CheckResult:
+def check_elf_closure(layout: Layout, rules: QualifyRules, elf_files: Mapping[Path, DynamicInfo]) -> CheckResult:
     """Every DT_NEEDED resolves, save what a package is allowed to lack (qualify.toml's
-    optional-libraries: a feature of it the server does not use); those are listed as notes. ``elves``:
+    optional-libraries: a feature of it the server does not use); those are listed as notes. ``elf_files``:
     the tree's dynamic ELF files (relocate.dynamic_files)."""
     launcher_dirs = [layout.site / d for d in library_dirs(layout)] + [layout.root / "lib"]
     owned = owners(layout.site)
     problems, notes = [], []
-    for path, info in elves.items():
+    for path, info in elf_files.items():
         search = [_expand(e, path.parent) for e in (*info.rpath, *info.runpath) if e] + launcher_dirs
         package = owned.get(Path(os.path.normpath(path)))
         for needed in info.needed:
@@ -158,15 +158,15 @@ def check_elf_closure(layout: Layout, rules: QualifyRules, elves: Mapping[Path, 
                 notes.append(f"{line} (optional for {package}, qualify.toml)")
             else:
                 problems.append(f"{line}, found neither in the bundle nor in the system allow-list")
-    summary = f"{len(elves)} ELF files, every DT_NEEDED resolved"
+    summary = f"{len(elf_files)} ELF files, every DT_NEEDED resolved"
     if notes:
         summary += f"; {len(notes)} optional libraries absent: " + "; ".join(notes[:3])
     return CheckResult("elf-closure", not problems, summary, problems)
 
 
-def check_search_paths(layout: Layout, rules: QualifyRules, elves: Mapping[Path, DynamicInfo]) -> CheckResult:
+def check_search_paths(layout: Layout, rules: QualifyRules, elf_files: Mapping[Path, DynamicInfo]) -> CheckResult:
     problems = []
-    for path, info in elves.items():
+    for path, info in elf_files.items():
         for entry in (*info.rpath, *info.runpath):
             if entry and not entry.startswith(("$ORIGIN", "${ORIGIN}")) and entry not in rules.system_library_dirs:
                 problems.append(f"{path.relative_to(layout.root)} has an absolute RPATH/RUNPATH {entry}")
@@ -499,10 +499,10 @@ def qualify_tree(
     progress: Callable[[str], None] = lambda name: None,
 ) -> Report:
     layout = Layout(root, minor)
-    elves = dynamic_files(root)  # two checks read them
+    elf_files = dynamic_files(root)  # two checks read them
     checks: list[Callable[[], CheckResult]] = [
-        lambda: check_elf_closure(layout, rules, elves),
-        lambda: check_search_paths(layout, rules, elves),
+        lambda: check_elf_closure(layout, rules, elf_files),
+        lambda: check_search_paths(layout, rules, elf_files),
         lambda: check_torch_abi(layout),
         lambda: check_torch_requirement(layout),
         lambda: check_records(layout),
