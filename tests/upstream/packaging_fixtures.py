@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import shutil
 import subprocess
 import tarfile
 import zipfile
@@ -135,6 +136,31 @@ def compile_shared(
     command.append("-Wl,--build-id=none")
     subprocess.run(command, check=True, capture_output=True)
     src.unlink()
+    return out
+
+
+def needing_version(out: Path, symbol: str, library: str, version: str) -> Path:
+    """A real shared object that calls ``symbol`` of ``library`` at ``version`` (``strlcpy``, ``libc.so.6``,
+    ``GLIBC_2.38``), whatever this machine's own library has: linked, with this machine's gcc and ld,
+    against a stub ``library`` that defines the symbol under that version (a version script), as zig
+    links against the glibc of any version it is asked for (ziglang/zig lib/libc/glibc/abilists: stubs
+    built from each version's symbol list). Its .gnu.version_r says ``library`` ``version``, as a file
+    compiled against that glibc does."""
+    stub = out.parent / f".{out.name}.stub"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "stub.c").write_text(f"void {symbol}(void) {{}}\n")
+    (stub / "version.map").write_text(f"{version} {{ global: {symbol}; }};\n")
+    flags = ["-shared", "-fPIC", "-nostdlib", "-Wl,--build-id=none"]
+    script = f"-Wl,--version-script={stub / 'version.map'}"
+    subprocess.run(
+        ["gcc", *flags, "-o", str(stub / library), str(stub / "stub.c"), script, f"-Wl,-soname,{library}"],
+        check=True,
+        capture_output=True,
+    )
+    (stub / "use.c").write_text(f"void {symbol}(void);\nvoid vllm_bundle_uses_it(void) {{ {symbol}(); }}\n")
+    link = [f"-L{stub}", f"-l:{library}"]
+    subprocess.run(["gcc", *flags, "-o", str(out), str(stub / "use.c"), *link], check=True, capture_output=True)
+    shutil.rmtree(stub)
     return out
 
 

@@ -2,7 +2,8 @@
 self-contained, for a bundle tree, an archive or its parts.
 
 Checks: ELF closure (pyelftools: every DT_NEEDED resolves in the bundle or to the system allow-list),
-search paths relative, vLLM's native extensions' torch symbols defined by the bundled libraries,
+every symbol version at or below the floor ``python.platform`` claims (auditwheel's policy, floor.py), search
+paths relative, vLLM's native extensions' torch symbols defined by the bundled libraries,
 vLLM's torch requirement met, every RECORD entry present with its hash, device code for every ISA,
 launcher, interpreter, the C toolchain Triton runs (``CC``), size budget, and a relocated smoke test:
 imports, and a C extension built with the bundle's ``CC`` the way Triton builds one, then loaded.
@@ -21,10 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from email.parser import Parser
 from pathlib import Path
+from typing import Any
 
-from auditwheel.architecture import Architecture
-from auditwheel.libc import Libc
-from auditwheel.policy import WheelPolicies
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
@@ -32,8 +31,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_bundle.errors import MalformedRecordError, QualificationError, RecipeError
+from vllm_bundle.errors import MalformedRecordError, QualificationError
 from vllm_bundle.manifests import dump_json, is_part
+from vllm_bundle.qualify.floor import Floor, describe, excesses, manylinux_policy, measure
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
@@ -61,6 +61,7 @@ class QualifyRules:
     optional: Mapping[str, frozenset[str]] = field(default_factory=dict)  # package -> libraries it may lack
     extensions: tuple[ExtensionRule, ...] = ()  # vLLM's native extensions by version (components.toml)
     cuda_libraries: tuple[str, ...] = ()  # file name patterns a ROCm bundle must not hold
+    platform: str = field(kw_only=True)  # python.platform: the floor the bundle claims (x86_64-manylinux_2_35)
 
 
 @dataclass
@@ -76,6 +77,8 @@ class Report:
     target: str
     checks: list[CheckResult]
     tier: str = "0"
+    #: Tier 0's measured floor (floor.Floor.to_json): the highest symbol versions the tree's files need.
+    floor: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -87,19 +90,14 @@ class Report:
     def to_json(self) -> bytes:
         checks = [asdict(c) for c in self.checks]
         doc = {"tier": self.tier, "target": self.target, "passed": self.passed, "checks": checks}
-        return dump_json(doc)
+        return dump_json(doc | ({"floor": self.floor} if self.floor is not None else {}))
 
 
 def manylinux_libraries(platform: str) -> frozenset[str]:
     """The libraries the manylinux policy of ``platform`` (``x86_64-manylinux_2_35``) lets a wheel take
     from the system: auditwheel's own policy data, the reference for what manylinux allows."""
-    arch, _, tag = platform.partition("-")
-    try:
-        policies = WheelPolicies(libc=Libc.GLIBC, arch=Architecture(arch))
-        whitelist: frozenset[str] = policies.get_policy_by_name(f"{tag}_{arch}").whitelist
-        return whitelist
-    except (ValueError, LookupError):
-        raise RecipeError(f"bad recipe components.toml: python.platform: auditwheel knows no policy {tag!r}") from None
+    whitelist: frozenset[str] = manylinux_policy(platform).whitelist
+    return whitelist
 
 
 def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule, ...] = ()) -> QualifyRules:
@@ -112,6 +110,7 @@ def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule
         {canonicalize_name(p): frozenset(optional.strings(p)) for p in optional.data} if optional else {},
         extensions,
         rules.strings("cuda-libraries"),
+        platform=platform,
     )
 
 
@@ -162,6 +161,22 @@ def check_elf_closure(layout: Layout, rules: QualifyRules, elf_files: Mapping[Pa
     if notes:
         summary += f"; {len(notes)} optional libraries absent: " + "; ".join(notes[:3])
     return CheckResult("elf-closure", not problems, summary, problems)
+
+
+def check_symbol_versions(
+    layout: Layout, rules: QualifyRules, elf_files: Mapping[Path, DynamicInfo], floor: Floor
+) -> CheckResult:
+    """Every symbol version every ELF file needs is one the floor's manylinux policy allows (floor.py): a
+    file built on a newer system than the bundle claims names the file, the symbols, their version and
+    the floor. ``floor``: what the files need at most (floor.measure)."""
+    policy = manylinux_policy(rules.platform)
+    found = excesses(elf_files, policy)
+    problems = [describe(excess, layout.root, policy) for excess in found[:SHOWN]]
+    problems += [f"and {len(found) - SHOWN} more"] if len(found) > SHOWN else []
+    needs = ", ".join(f"{prefix} {version}" for prefix, version in sorted(floor.highest.items()))
+    summary = f"{len(elf_files)} ELF files need at most {needs or 'no versioned symbol'}: {floor.platform}"
+    summary += f" (the bundle claims {policy.name})"
+    return CheckResult("symbol-versions", not problems, summary, problems)
 
 
 def check_search_paths(layout: Layout, rules: QualifyRules, elf_files: Mapping[Path, DynamicInfo]) -> CheckResult:
@@ -499,9 +514,11 @@ def qualify_tree(
     progress: Callable[[str], None] = lambda name: None,
 ) -> Report:
     layout = Layout(root, minor)
-    elf_files = dynamic_files(root)  # two checks read them
+    elf_files = dynamic_files(root)  # three checks read them
+    floor = measure(elf_files, rules.platform)
     checks: list[Callable[[], CheckResult]] = [
         lambda: check_elf_closure(layout, rules, elf_files),
+        lambda: check_symbol_versions(layout, rules, elf_files, floor),
         lambda: check_search_paths(layout, rules, elf_files),
         lambda: check_torch_abi(layout),
         lambda: check_torch_requirement(layout),
@@ -523,7 +540,7 @@ def qualify_tree(
         result = check()
         progress(result.name)
         results.append(result)
-    return Report(target.name, results)
+    return Report(target.name, results, floor=floor.to_json())
 
 
 @contextmanager
@@ -541,7 +558,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 10
+STAGE_VERSION = 11  # 11: the symbol-versions check and the measured floor
 REPORT = "qualification.json"
 
 
@@ -575,6 +592,7 @@ def qualify_stage(
             "optional": {package: sorted(libs) for package, libs in sorted(rules.optional.items())},
             "extensions": [[str(r.versions), r.names, r.device_code] for r in rules.extensions],
             "cuda_libraries": rules.cuda_libraries,
+            "platform": rules.platform,
         },
         "target": asdict(target),
     }
@@ -589,7 +607,8 @@ def qualify_stage(
 
 def read_report(path: Path) -> Report:
     doc = json.loads(path.read_text())
-    return Report(doc["target"], [CheckResult(**check) for check in doc["checks"]], str(doc["tier"]))
+    checks = [CheckResult(**check) for check in doc["checks"]]
+    return Report(doc["target"], checks, str(doc["tier"]), doc.get("floor"))
 
 
 def failure_message(report: Report, report_path: Path) -> QualificationError:

