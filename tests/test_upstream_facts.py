@@ -19,7 +19,7 @@ import pytest
 import requests
 from packaging.utils import parse_wheel_filename
 
-from tests.conftest import REPO, VllmSdists, assert_one_line_error, run_cli
+from tests.conftest import FIXTURE_PLATFORM, REPO, VllmSdists, assert_one_line_error, run_cli
 from tests.upstream.fixture import (
     PYPI,
     PYTHON_MINOR,
@@ -136,7 +136,7 @@ def test_a_platform_too_old_for_the_closure_names_the_package(
     recipes_dir: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
     components = recipes_dir / "components.toml"
-    components.write_text(components.read_text().replace("manylinux_2_35", "manylinux_2_28"))
+    components.write_text(components.read_text().replace(FIXTURE_PLATFORM, "x86_64-manylinux_2_28"))
     result = _lock(upstream, recipes_dir, "gfx1151", tmp_path / "cache")
     assert_one_line_error(  # uv stops at the first such package of the closure (mooncake needs 2_35 too)
         result, "llguidance 1.7.3 has wheels only for manylinux_2_31_x86_64, none for x86_64-manylinux_2_28", "platform"
@@ -549,7 +549,7 @@ def test_the_sdk_compiler_makes_real_code_objects_for_every_target_isa(fixture_t
     (tmp_path / "hip" / "hip_runtime.h").write_bytes(HIP_RUNTIME_H)
     source = tmp_path / "k.hip"
     source.write_text('#include <hip/hip_runtime.h>\nextern "C" __global__ void k(float *a) { a[0] = 1; }\n')
-    clang = sdk_clang(fixture_tree.root / "_work" / "sdk-clang", "clang++")
+    clang = sdk_clang(str(fixture_tree.root / "_work" / "sdk-clang"), "clang++")
     flags = ["-x", "hip", "-nogpulib", "-nogpuinc", f"-I{tmp_path}", "-mllvm", "-amdgpu-mfma-vgpr-form", "-c"]
     for isa in sorted(load_recipes(REPO / "recipes").all_isas):
         out = tmp_path / f"{isa}.o"

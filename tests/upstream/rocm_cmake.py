@@ -232,10 +232,19 @@ set(HIP_VERSION "${HIP_VERSION_MAJOR}.${HIP_VERSION_MINOR}.${HIP_VERSION_PATCH}"
 include(FindPackageHandleStandardArgs)
 find_package_handle_standard_args(HIP REQUIRED_VARS HIP_ROOT_DIR HIP_PLATFORM VERSION_VAR HIP_VERSION)
 """
-#: ``lib/cmake/hip-lang/hip-lang-config.cmake``: what CMakeHIPInformation.cmake links HIP code with.
+#: ``lib/cmake/hip-lang/hip-lang-config.cmake``: what CMakeHIPInformation.cmake links HIP code with. As
+#: ROCm's (ROCm/HIP@c5e11fc hip-lang-config.cmake.in:103-104, 138): every target CMake links as HIP gets
+#: ``--hip-link`` through ``hip-lang::device``, the device runtime target CMake adds to each target with
+#: HIP sources (CMake 3.31 Modules/CMakeHIPInformation.cmake:106-112). Not modelled: lines 116-130, which add
+#: ``--rtlib=compiler-rt`` when the compiler finds its builtins library (zig's clang's resource directory
+#: has none, and a vLLM extension links nothing of it).
 HIP_LANG = """# hip-lang-config.cmake (vllm-bundle test fixture, tests/upstream/rocm_cmake.py)
 get_filename_component(_hip_lang_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
 include("${CMAKE_CURRENT_LIST_DIR}/hip-lang-targets.cmake")
+set_property(TARGET hip-lang::device APPEND PROPERTY
+  INTERFACE_LINK_OPTIONS "$<$<LINK_LANGUAGE:HIP>:--hip-link>"
+)
+set(_CMAKE_HIP_DEVICE_RUNTIME_TARGET "hip-lang::device")
 """
 
 

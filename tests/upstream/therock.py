@@ -10,7 +10,7 @@ matter, each with its source) and from what those facts leave to the builder:
 - every ``rocm-sdk-device-*`` wheel and ``rocm-sdk-libraries`` ship the same empty
   ``_rocm_sdk_libraries/__init__.py``;
 - the compiler lives in rocm-sdk-core (``_rocm_sdk_core/lib/llvm/bin``: clang, clang++, amdclang,
-  amdclang++ and ``rocm.cfg``), with the device libraries under ``lib/llvm/amdgcn/bitcode`` and the HIP
+  amdclang++, TheRock's ``rocm.cfg`` and the driver configurations that include it), with the device libraries under ``lib/llvm/amdgcn/bitcode`` and the HIP
   headers under ``include/hip``; rocm-sdk-devel holds only ``rocm_sdk_devel/_devel.tar``, a tree of
   ``_rocm_sdk_devel/`` whose files are symlinks into ``_rocm_sdk_core`` plus the CMake packages
   (``lib/cmake/hip``, ``lib/cmake/hip-lang``) that core lacks, expanded on first use by ``rocm_sdk``
@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,7 @@ from vllm_bundle.inputs.facts import IndexFacts, ProjectFacts, load_facts
 
 from . import rocm_cmake, torch_cmake
 from .packaging_fixtures import Content, make_tarball, make_wheel
+from .stand_ins import PARSE_ARGUMENTS, STAND_IN_UNIT
 
 FACTS = load_facts(Path(__file__).with_name("facts.toml"))
 MULTI_ARCH = FACTS.indexes["whl-multi-arch"]
@@ -258,63 +260,45 @@ DRIVER_MODES = {"clang": "gcc", "clang++": "g++", "amdclang": "gcc", "amdclang++
 #: What zig does not ship and clang's HIP toolchain runs: Debian's clang-offload-bundler (.ci/run installs
 #: clang-tools-19), which writes the .hip_fatbin clang asks for; its format is the same across versions.
 OFFLOAD_BUNDLER = Path("/usr/lib/llvm-19/bin/clang-offload-bundler")
+#: Where the fixture's builder images carry the SDK compiler's own files (tests/upstream/builders.py), which
+#: the wrappers look in first: TheRock's clang carries them inside its wheel, and the fake's cannot (zig is
+#: 185 MB, and every bundle of the suite would carry it).
+IMAGE_TOOLCHAIN = "/opt/vllm-bundle-tests/sdk-clang"
 # clang's AMDGPU toolchain links device code with `lld -flavor gnu ...`: zig's own lld, as ld.lld.
 LLD_SHIM = """#!/bin/sh
 [ "$1" = -flavor ] && shift 2
-exec {zig} ld.lld "$@"
+exec "${0%/bin/*}/ziglang/zig" ld.lld "$@"
+"""
+# Debian's bundler, run by its own dynamic loader with the libraries it loads beside it: the same program in
+# any root file system (this machine's, a builder image's), whatever libraries that one has. It looks for
+# llvm-objcopy (beside itself, then on PATH) before it bundles object files (clang/lib/Driver/OffloadBundler.cpp
+# ObjectFileHandler), and finds zig's, the one of the shim below.
+BUNDLER_SHIM = """#!/bin/sh
+here=${0%/bin/*}/bundler
+PATH=${0%/*}:$PATH exec "$here/lib/ld-linux-x86-64.so.2" --library-path "$here/lib" "$here/clang-offload-bundler" "$@"
+"""
+OBJCOPY_SHIM = """#!/bin/sh
+exec "${0%/bin/*}/ziglang/zig" objcopy "$@"
 """
 COMPILER_WRAPPER = """#!/bin/sh
-# Stands in for TheRock's lib/llvm/bin/{name} (rocm-sdk-core) with the real ziglang wheel's clang (LLVM 22).
+# Stands in for TheRock's lib/llvm/bin/@NAME@ (rocm-sdk-core) with the real ziglang wheel's clang (LLVM 22),
+# which reads the configuration file beside it as TheRock's clang does (@CFG@ -> @rocm.cfg: its ROCm root,
+# RUNPATH dtags and -frtlib-add-rpath; ROCm/TheRock@89553ce base/aux-overlay/CMakeLists.txt:106-126).
 # Its ROCm root is three levels above where it really is: /proc/self/exe resolves a symlink but not a
 # hard link (TheRock lib/llvm/bin/rocm.cfg: --rocm-path='<CFGDIR>/../../..').
 self=$(realpath -- "$0")
-root=$(cd -- "$(dirname -- "$self")/../../.." && pwd)
-hip= ext= src= obj= prev= stand=
+here=$(dirname -- "$self")
+root=$(cd -- "$here/../../.." && pwd)
+toolchain=@IMAGE_TOOLCHAIN@
+[ -x "$toolchain/ziglang/zig" ] || toolchain=@TOOLCHAIN@
 for arg in "$@"; do
-    case $arg in
-        -v) [ -f "$root/include/hip/hip_runtime.h" ] && echo "Found HIP installation: $root, version {version}" >&2 ;;
-        hip|*.hip) hip=1 ;;
-        -DTORCH_EXTENSION_NAME=*) ext=${{arg#-DTORCH_EXTENSION_NAME=}} ;;
-    esac
-    [ "$prev" = "-c" ] && src=$arg
-    [ "$prev" = "-o" ] && obj=$arg
-    prev=$arg
+    [ "$arg" = -v ] && [ -f "$root/include/hip/hip_runtime.h" ] && echo "Found HIP installation: $root, version @VERSION@" >&2
 done
-# A translation unit of a torch extension (vLLM's define_extension_target adds -DTORCH_EXTENSION_NAME):
-# real vLLM kernels need ROCm's and torch's headers, which nothing here has, so this one unit is compiled
-# from a stand-in (a kernel for each --offload-arch, the module's init as a weak symbol, __FILE__ the
-# real source's), with the very command line CMake gave. CMake's own probes are compiled as they are.
-if [ -n "$ext" ] && [ -n "$src" ] && [ -n "$obj" ]; then
-    # Named by the unit's file name and bytes, never its absolute path: the same source builds the same
-    # bytes in any build directory, as the real unit would.
-    id=$({{ printf '%s\\n' "${{src##*/}}"; cat -- "$src"; }} | cksum | cut -d' ' -f1)
-    case $src in *.hip|*.cu) stand="$obj.stand-in.hip" ;; *) stand="$obj.stand-in.cpp" ;; esac
-    {{
-        printf '#line 1 "%s"\n' "$src"
-        if [ -n "$hip" ]; then
-            printf '#include <hip/hip_runtime.h>\n'
-            printf 'extern "C" __global__ void vllm_unit_%s_kernel(float *out) {{ out[0] = 2.0f; }}\n' "$id"
-        fi
-        printf 'extern "C" const char *vllm_unit_%s_source(void) {{ return __FILE__; }}\n' "$id"
-        # The module's init in the unit that defines it in vLLM's source (REGISTER_EXTENSION of
-        # csrc/core/registration.h, or a PyMODINIT_FUNC of its own: one unit per extension), in the host
-        # pass only. Parsing Python.h takes a unit's compile from 0.03 s to 0.2 s: every unit doing it
-        # cost a third of each vLLM build.
-        if grep -q -e 'REGISTER_EXTENSION(' -e 'PyMODINIT_FUNC' -- "$src"; then
-            printf '#if !defined(__HIP_DEVICE_COMPILE__) && __has_include(<Python.h>)\n#include <Python.h>\n'
-            printf 'static struct PyModuleDef vllm_unit_module = {{PyModuleDef_HEAD_INIT, "%s", NULL, -1, NULL}};\n' "$ext"
-            printf 'extern "C" __attribute__((weak)) PyObject *PyInit_%s(void) {{ return PyModule_Create(&vllm_unit_module); }}\n' "$ext"
-            printf '#endif\n'
-        fi
-    }} > "$stand"
-fi
-for arg do
-    shift
-    [ -n "$stand" ] && [ "$arg" = "$src" ] && arg=$stand
-    set -- "$@" "$arg"
-done
+@PARSE@
+@STAND_IN@
+set -- --no-default-config "--config=$here/@CFG@" "$@"
 if [ -n "$hip" ]; then
-    if [ ! -f "${{HIP_DEVICE_LIB_PATH:-$root/amdgcn/bitcode}}/ocml.bc" ]; then
+    if [ ! -f "${HIP_DEVICE_LIB_PATH:-$root/amdgcn/bitcode}/ocml.bc" ]; then
         echo "clang: error: cannot find ROCm device library; provide its path via '--rocm-path' or '--rocm-device-lib-path', or pass '-nogpulib' to build without ROCm device library" >&2
         exit 1
     fi
@@ -322,10 +306,17 @@ if [ -n "$hip" ]; then
         echo "clang: error: cannot find HIP runtime; provide its path via '--rocm-path', or pass '-nogpuinc' to build without HIP runtime" >&2
         exit 1
     fi
-    exec {host} -nogpulib -nogpuinc -isystem "$root/include" "$@"
+    exec @HOST@ -nogpulib -nogpuinc -isystem "$root/include" "$@"
 fi
-exec {host} "$@"
+exec @HOST@ "$@"
 """
+#: TheRock's rocm.cfg, byte for byte (ROCm/TheRock@89553ce base/aux-overlay/CMakeLists.txt:110, written
+#: with no newline at its end): link-only ($) RUNPATH dtags, the ROCm root relative to the file, and
+#: -frtlib-add-rpath, with which clang adds ``-rpath <ROCm root>/lib`` to a link with --hip-link
+#: (clang/lib/Driver/ToolChains/Linux.cpp AddHIPRuntimeLibArgs). The driver configurations beside it include
+#: it (lines 111-126): clang.cfg, clang++.cfg, clang-<major>.cfg and the others, each ``@rocm.cfg``.
+ROCM_CFG = b"$-Wl,--enable-new-dtags\n--rocm-path='<CFGDIR>/../../..'\n-frtlib-add-rpath"
+DRIVER_CONFIGS = ("clang.cfg", "clang++.cfg", "clang-20.cfg", "clang-cl.cfg", "clang-cpp.cfg", "flang.cfg")
 # Just what a kernel and its host-side launch stub need from hip_runtime.h (our own, not AMD's header).
 HIP_RUNTIME_H = b"""#pragma once
 #include <stddef.h>
@@ -357,10 +348,11 @@ def host_compiler(name: str) -> str:
 
 
 def sdk_toolchain(ziglang_wheel: Path, work: Path) -> Path:
-    """The fake SDK compiler's own files under ``work/sdk-clang``: ``zig`` and clang's resource headers
-    (``lib/include``) from the real ziglang wheel, and ``bin/`` with what clang's HIP toolchain runs beside
-    itself (``lld``, ``clang-offload-bundler``). ``zig cc`` refuses GPU targets; ``zig clang`` is clang's
-    own driver (tests/code_objects.py)."""
+    """The fake SDK compiler's own files under ``work/sdk-clang``, a directory that works wherever it is
+    copied: ``zig`` and clang's resource headers (``lib/include``) from the real ziglang wheel, and ``bin/``
+    with what clang's HIP toolchain runs beside itself (``lld``, ``clang-offload-bundler``: Debian's, with the
+    libraries it loads in ``bundler/``; the ``llvm-objcopy`` it looks for: zig's). ``zig cc`` refuses GPU targets; ``zig clang`` is clang's own driver
+    (tests/code_objects.py)."""
     if not OFFLOAD_BUNDLER.is_file():
         raise RuntimeError(
             f"the fake ROCm SDK's compiler needs Debian's {OFFLOAD_BUNDLER} "
@@ -370,38 +362,76 @@ def sdk_toolchain(ziglang_wheel: Path, work: Path) -> Path:
     with zipfile.ZipFile(ziglang_wheel) as wheel:
         members = [m for m in wheel.namelist() if m == "ziglang/zig" or m.startswith("ziglang/lib/include/")]
         wheel.extractall(home, members)
-    zig = home / "ziglang" / "zig"
-    zig.chmod(0o755)
+    (home / "ziglang" / "zig").chmod(0o755)
+    bundler = home / "bundler"
+    (bundler / "lib").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(OFFLOAD_BUNDLER, bundler / "clang-offload-bundler")
+    (bundler / "clang-offload-bundler").chmod(0o755)
+    for name, path in loaded_libraries(OFFLOAD_BUNDLER).items():
+        shutil.copyfile(path, bundler / "lib" / name)
+        (bundler / "lib" / name).chmod(0o755)  # the loader is run as a program
     tools = home / "bin"
     tools.mkdir(exist_ok=True)
-    (tools / "lld").write_text(LLD_SHIM.format(zig=shlex.quote(str(zig))))
-    (tools / "lld").chmod(0o755)
-    (tools / "clang-offload-bundler").unlink(missing_ok=True)
-    (tools / "clang-offload-bundler").symlink_to(OFFLOAD_BUNDLER)
+    for name, text in (("lld", LLD_SHIM), ("clang-offload-bundler", BUNDLER_SHIM), ("llvm-objcopy", OBJCOPY_SHIM)):
+        (tools / name).unlink(missing_ok=True)
+        (tools / name).write_text(text)
+        (tools / name).chmod(0o755)
     return home
 
 
-def sdk_clang(toolchain: Path, name: str) -> list[str]:
+def loaded_libraries(program: Path) -> dict[str, Path]:
+    """Each library the dynamic loader loads for ``program``, the loader itself too: the name it is asked
+    for (``libLLVM.so.19.1``, ``ld-linux-x86-64.so.2``) -> the file it resolves to here (ldd's answer)."""
+    result = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True)
+    found = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) > 2 and parts[2].startswith("/"):
+            found[parts[0]] = Path(parts[2]).resolve()
+        elif parts and parts[0].startswith("/") and "ld-linux" in parts[0]:
+            found[Path(parts[0]).name] = Path(parts[0]).resolve()
+    return found
+
+
+def sdk_clang(toolchain: str, name: str) -> list[str]:
     """The command the fake SDK's ``name`` (clang, clang++, amdclang, amdclang++) runs: zig's clang in the
-    driver mode of that name, for TheRock's host triple, with its tools and headers."""
+    driver mode of that name, for TheRock's host triple, with its tools and headers (``toolchain``: the
+    directory sdk_toolchain made, or a shell word that expands to it)."""
     return [
-        str(toolchain / "ziglang" / "zig"),
+        f"{toolchain}/ziglang/zig",
         "clang",
         f"--driver-mode={DRIVER_MODES[name]}",
         "--target=x86_64-unknown-linux-gnu",  # zig's clang would take musl for the host
-        *("-B", str(toolchain / "bin")),
-        *("-resource-dir", str(toolchain / "ziglang" / "lib")),
+        *("-B", f"{toolchain}/bin"),
+        *("-resource-dir", f"{toolchain}/ziglang/lib"),
     ]
 
 
 def compiler_wrapper(name: str, version: str, toolchain: Path) -> bytes:
-    """``_rocm_sdk_core/lib/llvm/bin/<name>``. Like TheRock's clang it needs the device libraries
+    """``_rocm_sdk_core/lib/llvm/bin/<name>``. Like TheRock's clang it reads the driver configuration beside
+    it (clang++.cfg for a g++-mode driver, clang.cfg for a gcc-mode one: clang looks for the configuration of
+    its driver mode, clang/lib/Driver/Driver.cpp loadDefaultConfigFiles), needs the device libraries
     ($HIP_DEVICE_LIB_PATH, else <root>/amdgcn/bitcode, which only the devel tree has) and the HIP headers
     of its ROCm root, failing with clang's own messages, and its ``-v`` names that root ("Found HIP
     installation: <root>, version <v>", llvm-project clang/lib/Driver/ToolChains/AMDGPU.cpp
     RocmInstallationDetector), which CMake reads (Modules/CMakeDetermineHIPCompiler.cmake)."""
-    host = shlex.join(sdk_clang(toolchain, name))
-    return COMPILER_WRAPPER.format(name=name, host=host, version=version).encode()
+    config = "clang++.cfg" if DRIVER_MODES[name] == "g++" else "clang.cfg"
+    values = {
+        "@NAME@": name,
+        "@CFG@": config,
+        "@VERSION@": version,
+        "@PARSE@": PARSE_ARGUMENTS.strip(),
+        "@STAND_IN@": STAND_IN_UNIT.strip(),
+        "@HOST@": " ".join(
+            shlex.quote(w) if "$toolchain" not in w else f'"{w}"' for w in sdk_clang("$toolchain", name)
+        ),
+        "@IMAGE_TOOLCHAIN@": shlex.quote(IMAGE_TOOLCHAIN),
+        "@TOOLCHAIN@": shlex.quote(str(toolchain)),
+    }
+    text = COMPILER_WRAPPER
+    for token, value in values.items():
+        text = text.replace(token, value)
+    return text.encode()
 
 
 #: The ELF files of the fixture (fixture._elf_chain) that stand for a ROCm library, by soname; every other
@@ -429,7 +459,8 @@ def core_files(version: str, libs: dict[str, Path], isas: tuple[str, ...] = ALL_
         **runtime_libraries(rocm_cmake.CORE, libs),
         "_rocm_sdk_core/lib/llvm/bin/clang-20": libs["clang"],
         "_rocm_sdk_core/lib/llvm/lib/libomp.so": libs["omp"],
-        "_rocm_sdk_core/lib/llvm/bin/rocm.cfg": b"--rocm-path='<CFGDIR>/../../..'\n",
+        "_rocm_sdk_core/lib/llvm/bin/rocm.cfg": ROCM_CFG,
+        **{f"_rocm_sdk_core/lib/llvm/bin/{name}": b"@rocm.cfg\n" for name in DRIVER_CONFIGS},
         "_rocm_sdk_core/lib/llvm/amdgcn/bitcode/ocml.bc": b"BC\xc0\xde fixture device library\n",
         "_rocm_sdk_core/include/hip/hip_runtime.h": HIP_RUNTIME_H,
         "_rocm_sdk_core/share/amd_smi/amdsmi/__init__.py": AMDSMI_STUB,
