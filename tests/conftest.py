@@ -21,10 +21,13 @@ import pytest
 from filelock import FileLock
 from platformdirs import user_cache_dir
 
+from tests.upstream.builders import publish_builder
 from tests.upstream.fixture import CP, PYPI, PYTHON_RELEASE, PYTHON_VERSION, THEROCK_NEXT, Fixture, build_fixture
 from tests.upstream.pypi import ZIGLANG_STAND_IN
 from tests.upstream.real_wheels import build_tools, real_wheels
+from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
+from tests.upstream.stand_ins import host_compiler
 from vllm_bundle.recipes import load_targets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +61,7 @@ SLOW_FIXTURES = frozenset(
         "vllm_sdist",
         "build_python",
         "build_tool_wheels",
+        "builder_registry",
     }
 )
 
@@ -166,6 +170,23 @@ def no_host_cmake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def host_compiler_stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This machine's g++ as a build with --no-builder finds it first on PATH: Debian's g++, compiling each
+    unit of vLLM's torch extensions from its stand-in (tests/upstream/stand_ins.py), as the fixture's
+    builder images' g++ does (tests/upstream/builders.py)."""
+    real = shutil.which("g++")
+    if real is None:
+        pytest.fail("the tests need g++ (apt-get install g++): vLLM's host C++ is compiled with it")
+    bin_dir = tmp_path_factory.mktemp("host-compilers")
+    (bin_dir / "g++").write_text(host_compiler(str(Path(real).resolve())))
+    (bin_dir / "g++").chmod(0o755)
+    previous = os.environ["PATH"]
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{previous}"
+    yield
+    os.environ["PATH"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_registry_logins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The suite never reads the registry logins of whoever runs it (~/.docker/config.json, podman's
     auth.json, a credential helper): ``$REGISTRY_AUTH_FILE`` names a file that does not exist, and then
@@ -222,15 +243,26 @@ def _build_fixture_tree(root: Path) -> Fixture:
     return build_fixture(root, real, cache=TEST_CACHE / "fixture")
 
 
+#: The floor the fixture's bundles have, and so claim: the fake upstream's CPython is this machine's (Debian 12,
+#: glibc 2.36; fixture.py ``_python_tree``), and the host libraries it carries were built against that glibc
+#: (its ``lib/libexpat.so.1`` needs ``arc4random_buf@GLIBC_2.36``). The recipes' own floor is manylinux_2_35,
+#: which python-build-standalone's real CPython meets (glibc 2.17, its src/validation.rs); this one does not.
+FIXTURE_PLATFORM = "x86_64-manylinux_2_36"
+RECIPE_PLATFORM = 'platform = "x86_64-manylinux_2_35"'
+
+
 def copy_recipes(dest: Path, *, real_toolchain: bool = False) -> Path:
-    """The repository's recipes (without locks), with the CPython the fake upstream serves and, unless
-    ``real_toolchain``, the stand-in C toolchain: the real ziglang adds ~411 MB to every bundle the suite
-    builds (tests/upstream/pypi.py ziglang_stand_in; test_toolchain.py builds one with the real one)."""
+    """The repository's recipes (without locks), with the CPython the fake upstream serves and the floor it
+    has (FIXTURE_PLATFORM), and, unless ``real_toolchain``, the stand-in C toolchain: the real ziglang adds
+    ~411 MB to every bundle the suite builds (tests/upstream/pypi.py ziglang_stand_in; test_toolchain.py
+    builds one with the real one)."""
     shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("locks"))
     components = dest / "components.toml"
     text = components.read_text()
     text = re.sub(r'(?m)^version = "3\.[0-9.]+"', f'version = "{PYTHON_VERSION}"', text, count=1)
     text = re.sub(r'(?m)^release = "[0-9]+"', f'release = "{PYTHON_RELEASE}"', text, count=1)
+    assert RECIPE_PLATFORM in text, f"recipes/components.toml has no {RECIPE_PLATFORM} line"
+    text = text.replace(RECIPE_PLATFORM, f'platform = "{FIXTURE_PLATFORM}"')
     if not real_toolchain:
         text, count = re.subn(r'(?m)^c = "ziglang==[^"]+"', f'c = "ziglang=={ZIGLANG_STAND_IN}"', text)
         assert count == 1, 'recipes/components.toml has no [toolchain] c = "ziglang==..." line'
@@ -264,9 +296,10 @@ def upstream(_server: UpstreamServer) -> Iterator[UpstreamServer]:
 #: (``shuffled_order``).
 RAM_DIR = Path("/dev/shm")
 #: The most a run holds in its folders at once, and beside it what its processes use. Measured on a whole
-#: run (`nox -s tests`, 1088 tests, every one passing): at most 6.2 GiB in /dev/shm, and the machine's
-#: available memory fell by 8.0 GiB at most.
-RAM_PEAK = 8 * 2**30
+#: run (`nox -s tests`, 1137 tests, every one passing): at most 12.1 GiB in /dev/shm (the builder images: the
+#: registry's storage, each cache's blobs and unpacked root file systems; 6.2 GiB before them), and the
+#: machine's available memory fell by 13.7 GiB at most.
+RAM_PEAK = 13 * 2**30
 RAM_NEEDED = RAM_PEAK + 4 * 2**30
 #: pytest's own setting: where its numbered ``pytest-of-<user>/pytest-<n>`` folders are made (and the
 #: older ones removed: ``tmp_path_retention_count``).
@@ -564,18 +597,58 @@ TEST_REPO = "example-org/vllm-rocm-bundles"
 PART_SIZE = 8 * 1024 * 1024  # small parts, so the fixture bundle spans several
 
 
-def bundle_args(locked: Path, upstream: UpstreamServer, build: Path, cache: Path) -> list[str]:
-    """``bundle gfx1151`` against the fake upstream, assets in ``build``'s sibling ``bundles/``."""
+def bundle_args(
+    locked: Path, upstream: UpstreamServer, build: Path, cache: Path, builder: RegistryServer | None = None
+) -> list[str]:
+    """``bundle gfx1151`` against the fake upstream, assets in ``build``'s sibling ``bundles/``; vLLM compiled
+    in the builder image ``builder`` serves (``builder_registry``), or with --no-builder on this machine."""
+    where = ["--registry-mirror", builder.host] if builder is not None else ["--no-builder"]
     return [
         *("bundle", "gfx1151", "--recipes", str(locked), "--cache-dir", str(cache)),
         *("--mirror", f"{upstream.url}/mirror/", "--build-dir", str(build)),
         *("--bundles-dir", str(build.parent / "bundles"), "--repo", TEST_REPO, "--part-size", str(PART_SIZE)),
         "--plain",
+        *where,
     ]
 
 
-def bundle_cli(locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return run_cli(*bundle_args(locked, upstream, build, cache), *extra, timeout=300)
+def bundle_cli(  # type: ignore[no-untyped-def]
+    locked: Path, upstream: UpstreamServer, build: Path, cache: Path, *extra: str, builder: RegistryServer | None = None
+):
+    return run_cli(*bundle_args(locked, upstream, build, cache, builder), *extra, timeout=300)
+
+
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run's directory every worker of pytest-xdist sees (above each worker's own), or this one's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+@pytest.fixture(scope="session")
+def builder_registry(fixture_tree: Fixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
+    """A registry of this worker's serving the run's builder images (tests/upstream/builders.py), with
+    bookworm's (the recipe's ``latest``) in it. Their storage is the run's: the first worker that asks
+    publishes an image, and every worker's registry serves it."""
+    storage = run_dir(tmp_path_factory) / "builders"
+    storage.mkdir(parents=True, exist_ok=True)
+    server = RegistryServer(tmp_path_factory.mktemp("builder-registry"), storage=storage / "data").start()
+    publish_builders(server, fixture_tree, "bookworm")
+    yield server
+    server.stop()
+
+
+def publish_builders(server: RegistryServer, fixture_tree: Fixture, *suites: str) -> None:
+    """The builder images of Debian's ``suites``, published in the run's storage that ``server`` serves,
+    each once per run."""
+    storage = server.storage
+    assert storage is not None, "a builder registry serves the run's storage"
+    for suite in suites:
+        published = storage.parent / f"{suite}.published"
+        with one_worker_at_a_time(published):
+            if not published.exists():  # made on the disk (TEST_CACHE), not in the run's RAM: 0.5-1 GB each
+                work = TEST_CACHE / f"builders-{os.getpid()}"
+                publish_builder(server, suite, fixture_tree.root / "_work" / "sdk-clang", work)
+                published.touch()
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -603,21 +676,25 @@ def publish(built: Path, server: UpstreamServer) -> str:
     return f"{server.url}/releases/download/{assets.name}/"
 
 
-def seed_vllm_build(built: Path, build: Path, target: str = "gfx1151") -> Path:
+def seed_vllm_build(
+    built: Path, build: Path, target: str = "gfx1151", stages: tuple[str, ...] = ("vllm-src", "vllm-wheel")
+) -> Path:
     """The suite's one real vLLM build for a test that needs a bundle but does not test the build: the
-    built bundle's ``vllm-src`` and ``vllm-wheel`` stages with their stamps, copied into ``build``. The
+    built bundle's ``stages`` (``vllm-src`` and ``vllm-wheel``) with their stamps, copied into ``build``. The
     pipeline reuses them only where its own inputs give the same stage keys (site, source, build group,
     ISAs...) and builds anew otherwise, as it would after any earlier run."""
-    stages = built / target
+    done = built / target
     (build / target).mkdir(parents=True, exist_ok=True)
-    for stage in ("vllm-src", "vllm-wheel"):
-        shutil.copytree(stages / stage, build / target / stage, symlinks=True)
-        shutil.copy2(stages / f".{stage}.stage.json", build / target / f".{stage}.stage.json")
+    for stage in stages:
+        shutil.copytree(done / stage, build / target / stage, symlinks=True)
+        shutil.copy2(done / f".{stage}.stage.json", build / target / f".{stage}.stage.json")
     return build
 
 
 @pytest.fixture(scope="session")
-def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(
+    locked: Path, _server: UpstreamServer, builder_registry: RegistryServer, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """One full bundle build for gfx1151 (build dir returned; its cache and assets beside it).
 
     Under pytest-xdist the workers share the build itself: the first to come builds it (with its own lock,
@@ -627,20 +704,23 @@ def built(locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPa
     again (1-2 s instead of a whole build per worker)."""
     work = tmp_path_factory.mktemp("bundle")
     if "PYTEST_XDIST_WORKER" in os.environ:
-        shared = _shared_build(locked, _server, tmp_path_factory.getbasetemp().parent / "built")
-        for name in ("build", "cache"):  # cp -a: the hard links inside the tree stay hard links
-            subprocess.run(["cp", "-a", str(shared / name), str(work / name)], check=True)
-    result = bundle_cli(locked, _server, work / "build", work / "cache")
+        shared = _shared_build(locked, _server, builder_registry, tmp_path_factory.getbasetemp().parent / "built")
+        subprocess.run(["cp", "-a", str(shared / "build"), str(work / "build")], check=True)  # its hard links kept
+        # The cache by hard links, not a copy of the builder image's hundreds of MB (its blobs and the builder
+        # stage's root file system): the tool never writes a cached file in place (a new file is renamed over
+        # it), and a test that damages one writes a file of its own in its place (test_safety.py _corrupt).
+        subprocess.run(["cp", "-al", str(shared / "cache"), str(work / "cache")], check=True)
+    result = bundle_cli(locked, _server, work / "build", work / "cache", builder=builder_registry)
     assert result.returncode == 0, result.stdout + result.stderr
     return work / "build"
 
 
-def _shared_build(locked: Path, server: UpstreamServer, shared: Path) -> Path:
+def _shared_build(locked: Path, server: UpstreamServer, builder: RegistryServer, shared: Path) -> Path:
     """The run's one gfx1151 build (``shared``), made by the first worker that asks for it."""
     with one_worker_at_a_time(shared):
         if not (shared / ".complete").exists():  # (a worker whose build failed left no mark: build anew)
             shutil.rmtree(shared, ignore_errors=True)
-            result = bundle_cli(locked, server, shared / "build", shared / "cache")
+            result = bundle_cli(locked, server, shared / "build", shared / "cache", builder=builder)
             assert result.returncode == 0, result.stdout + result.stderr
             (shared / ".complete").touch()
     return shared

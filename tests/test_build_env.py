@@ -13,6 +13,7 @@ from tests.conftest import REPO
 from vllm_bundle.errors import BuildError
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree import vllm_build
+from vllm_bundle.tree.builder import Tools
 from vllm_bundle.tree.vllm_build import (
     DEAD_PROXY,
     HIP_LAUNCHER,
@@ -24,6 +25,8 @@ from vllm_bundle.tree.vllm_build import (
 )
 
 RECIPES = load_recipes(REPO / "recipes")
+#: What a builder's probe found (tree/builder.py): the host compilers are the builder's GCC.
+TOOLS = Tools("/usr/bin/gcc", "/usr/bin/g++", "g++ (GCC) 13.3.1", "/usr/bin/patch", "GNU patch 2.7.6", "2.28")
 
 
 def _devel(tmp_path: Path) -> Path:
@@ -44,16 +47,20 @@ def test_rocm_build_environment(tmp_path: Path, target: str, arch: str) -> None:
     devel, core = _devel(tmp_path), tmp_path / "site" / "_rocm_sdk_core"
     root = tmp_path / "build dir"
     kernels = tmp_path / "kernels"
-    env = rocm_environment(RECIPES.target(target), devel, core, _rocm(tmp_path), kernels, root)
+    env = rocm_environment(RECIPES.target(target), devel, core, _rocm(tmp_path), kernels, root, TOOLS)
     llvm = devel / "lib" / "llvm" / "bin"
     assert env["VLLM_TARGET_DEVICE"] == "rocm" and env["PYTORCH_ROCM_ARCH"] == arch
     assert env["ROCM_PATH"] == env["ROCM_HOME"] == env["HIP_PATH"] == str(devel), "the devel tree is the ROCm root"
-    assert env["HIPCXX"] == env["CXX"] == str(llvm / "clang++") and env["CC"] == str(llvm / "clang")
+    assert env["HIPCXX"] == str(llvm / "clang++"), "HIP with the SDK's clang"
+    assert (env["CC"], env["CXX"]) == ("/usr/bin/gcc", "/usr/bin/g++"), "host C and C++ with the builder's GCC"
     assert env["HIP_DEVICE_LIB_PATH"] == str(core / "lib/llvm/amdgcn/bitcode"), "as vLLM's Dockerfile.rocm_base"
     assert env["CMAKE_PREFIX_PATH"] == str(devel / "lib/cmake") and env["CMAKE_BUILD_TYPE"] == "Release"
     assert env["TRITON_KERNELS_SRC_DIR"] == str(kernels)
-    for flags in ("CFLAGS", "CXXFLAGS", "HIPFLAGS"):
-        assert shlex.split(env[flags]) == [f"-ffile-prefix-map={root}={MAPPED_PREFIX}"], "quoted: the path has a space"
+    maps = [f"-ffile-prefix-map={root}={MAPPED_PREFIX}"]
+    for flags in ("CFLAGS", "CXXFLAGS"):
+        assert shlex.split(env[flags]) == maps, "quoted: the path has a space"
+    # TheRock's rocm.cfg has every link with --hip-link add -rpath <ROCm root>/lib: off, on the command line
+    assert shlex.split(env["HIPFLAGS"]) == [*maps, "-fno-rtlib-add-rpath"]
     cmake_args = env["CMAKE_ARGS"].split()  # setup.py splits it at spaces
     assert cmake_args == [
         "-DCMAKE_C_COMPILER_LAUNCHER=",
@@ -71,7 +78,7 @@ def test_the_sdk_without_its_compiler_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(
         BuildError, match=r"the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang\+\+ is missing"
     ):
-        rocm_environment(RECIPES.target("gfx1151"), devel, tmp_path, _rocm(tmp_path), None, tmp_path)
+        rocm_environment(RECIPES.target("gfx1151"), devel, tmp_path, _rocm(tmp_path), None, tmp_path, TOOLS)
 
 
 def test_nothing_of_the_builders_environment_leaks_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,3 +152,29 @@ def test_a_devel_link_to_a_file_its_wheel_lacks_is_named_in_one_line(tmp_path: P
         "../../_rocm_sdk_libraries/lib/librocblas.so.5 (lib/librocblas.so.5 is not in the site stage's "
         "_rocm_sdk_libraries) ("
     )
+
+
+def test_the_devel_tree_links_to_the_site_stage_from_a_relative_build_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nox -s bundle -- gfx1151` builds in ./build, a relative path: the devel tree's link to the site
+    stage's core must lead there from scratch, not be a relative link that means something else where it
+    lies (it stopped every build from the default --build-dir: "the ROCm SDK has no compiler")."""
+    import io
+    import tarfile
+
+    monkeypatch.chdir(tmp_path)
+    core = Path("build/gfx1151/site/lib/python3.11/site-packages/_rocm_sdk_core")
+    for name in ("clang", "clang++"):
+        (core / "lib/llvm/bin").mkdir(parents=True, exist_ok=True)
+        (core / "lib/llvm/bin" / name).write_text("#!/bin/sh\n")
+    site = Path("build/gfx1151/.vllm-wheel.build/site")
+    (site / "rocm_sdk_devel").mkdir(parents=True)
+    with tarfile.open(site / "rocm_sdk_devel" / "_devel.tar", "w") as tar:
+        for name in ("clang", "clang++"):
+            link = tarfile.TarInfo(f"_rocm_sdk_devel/lib/llvm/bin/{name}")
+            link.type, link.linkname = tarfile.SYMTYPE, f"../../../../_rocm_sdk_core/lib/llvm/bin/{name}"
+            tar.addfile(link)
+        tar.addfile(tarfile.TarInfo("_rocm_sdk_devel/README"), io.BytesIO(b""))
+    devel = vllm_build.expand_devel(site, core)
+    assert vllm_build.compilers(devel)[0].read_text() == "#!/bin/sh\n"

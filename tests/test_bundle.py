@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import assert_one_line_error, bundle_args, bundle_cli, tree_digest
 from tests.upstream.fixture import PYTHON_MINOR
 from tests.upstream.packaging_fixtures import make_wheel
+from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.errors import AssembleError, BundleError
 from vllm_bundle.pipeline.build import STAGE_NAMES
@@ -31,7 +32,10 @@ from vllm_bundle.tree.toolchain import WRAPPER
 from vllm_bundle.util.fsutil import sha256_file
 
 #: The stages of a build without --image (the fixture build), in order.
-STAGES = [name for name in STAGE_NAMES if name != "image"]
+#: The stages the tests here run in a build directory: not the image (no --image here), nor the builder's root
+#: file system, which is the download cache's (one for every build; test_builder.py shows it is made whole or
+#: not at all).
+STAGES = [name for name in STAGE_NAMES if name not in ("image", "builder")]
 
 
 def copy_of(built: Path, dest: Path) -> Path:
@@ -112,21 +116,21 @@ def test_bundle_tree_is_relocatable_and_pruned(built: Path, tmp_path: Path) -> N
 
 
 def test_second_run_downloads_and_rebuilds_nothing(
-    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     before = tree_digest(built / "gfx1151" / "root")
-    result = bundle_cli(locked, upstream, built, built.parent / "cache")
+    result = bundle_cli(locked, upstream, built, built.parent / "cache", builder=builder_registry)
     assert result.returncode == 0, result.stderr
     assert [line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("stage")] == [
-        [stage, "cached"] for stage in STAGES
-    ]
+        [stage, "cached"] for stage in STAGE_NAMES if stage != "image"
+    ], "the builder image's root file system too"
     assert "0 downloaded" in result.stdout
     assert [r for r in upstream.log if r.method == "GET"] == [], "no connection for a cached build"
     assert tree_digest(built / "gfx1151" / "root") == before
 
 
 def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
-    locked: Path, upstream: UpstreamServer, tmp_path: Path, built: Path
+    locked: Path, upstream: UpstreamServer, tmp_path: Path, built: Path, builder_registry: RegistryServer
 ) -> None:
     build = tmp_path / "build"
     shutil.copytree(built, build, symlinks=True)
@@ -144,7 +148,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
             sys.executable,
             "-c",
             script,
-            *bundle_args(locked, upstream, build, built.parent / "cache"),
+            *bundle_args(locked, upstream, build, built.parent / "cache", builder_registry),
         ],
         capture_output=True,
         text=True,
@@ -156,6 +160,7 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
         "python": "cached",
         "site": "cached",
         "vllm-src": "cached",
+        "builder": "cached",
         "vllm-wheel": "cached",
         "app": "cached",
         "root": "built",
@@ -166,18 +171,18 @@ def test_changing_only_the_launcher_template_redoes_only_the_launcher_and_later(
 
 
 def test_force_redoes_one_stage_and_what_follows_it(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build = tmp_path / "build"
     shutil.copytree(built, build, symlinks=True)
-    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "site")
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "site", builder=builder_registry)
     assert result.returncode == 0, result.stderr
     states = {line.split()[1]: line.split()[2] for line in result.stdout.splitlines() if line.startswith("stage")}
     assert states["python"] == "cached" and states["site"] == "built"
     # the site stage's key is unchanged by a forced rebuild, so what depends on it stays cached
     assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
     assert_one_line_error(
-        bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "nope"),
+        bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "nope", builder=builder_registry),
         "unknown stage 'nope'",
         "python, site",
     )
@@ -338,14 +343,14 @@ def _assert_nothing_looks_complete(build: Path, stage: str) -> None:
 
 
 def test_sigkill_in_each_stage_leaves_nothing_that_looks_complete(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     """A build killed in each stage in turn, just before the stage's rename: each run first redoes the
     stage the run before it died in, and leaves every stage before that as it was (its stamp untouched);
     the killed stage leaves no stamp and no output. A last run redoes only the last stage, and the tree
     and the assets are those of an uninterrupted build."""
     build = tmp_path / "build"
-    args = bundle_args(locked, upstream, build, built.parent / "cache")
+    args = bundle_args(locked, upstream, build, built.parent / "cache", builder_registry)
     stamps: dict[str, tuple[int, int]] = {}
     for index, stage in enumerate(STAGES):
         killed = subprocess.run(
@@ -360,7 +365,7 @@ def test_sigkill_in_each_stage_leaves_nothing_that_looks_complete(
             if earlier != STAGES[index - 1]:
                 assert stamps[earlier] == key, f"{earlier} was not redone when {stage} was killed"
             stamps[earlier] = key
-    again = bundle_cli(locked, upstream, build, built.parent / "cache")
+    again = bundle_cli(locked, upstream, build, built.parent / "cache", builder=builder_registry)
     assert again.returncode == 0, again.stderr
     rebuilt = [line.split()[1] for line in again.stdout.splitlines() if line.startswith("stage") and "built" in line]
     assert rebuilt == [STAGES[-1]], "only the stage killed last"

@@ -75,7 +75,7 @@ def previous(releases: Releases, tmp_path: Path) -> Path:
 
 
 #: What the installer writes beside the release's files, at the time it installs.
-INSTALLERS_OWN = frozenset({"version.txt", ".vllm-bundle-install", KEPT_TOC})
+INSTALLERS_OWN = frozenset({"version.txt", ".vllm-bundle-install", ".vllm-bundle-glibc", KEPT_TOC})
 
 
 def tree_with_times(root: Path) -> dict[str, tuple[str, int]]:

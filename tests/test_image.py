@@ -52,10 +52,10 @@ LAUNCHER = "/opt/vllm/bin/vllm-server"
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
-    server = RegistryServer(tmp_path_factory.mktemp("registry")).start()
-    yield server
-    server.stop()
+def registry(builder_registry: RegistryServer) -> RegistryServer:
+    """The loopback registry: the one that serves the builder images (``--registry-mirror`` names one
+    registry for every image, as a mirror of a user's serves them all), the image base pushed there too."""
+    return builder_registry
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +67,9 @@ def base_published(registry: RegistryServer, built: Path, tmp_path_factory: pyte
 
 
 def image_args(locked: Path, upstream: UpstreamServer, registry: RegistryServer, work: Path) -> list[str]:
-    """``image gfx1151`` against the fake upstream, the base from the loopback registry."""
-    args = bundle_args(locked, upstream, work / "build", work / "cache")
-    return ["image", *args[1:], "--registry-mirror", registry.host]
+    """``image gfx1151`` against the fake upstream, the builder and the base from the loopback registry."""
+    args = bundle_args(locked, upstream, work / "build", work / "cache", registry)
+    return ["image", *args[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -584,7 +584,7 @@ def test_lock_image_pins_the_amd64_manifest_of_the_base(
     # A lock edited by hand (another layer digest): refused before anything is built or downloaded.
     edited = dict(lock, layers=[dict(lock["layers"][0], digest="sha256:" + "0" * 64)])
     (recipes / "locks" / "image-base.json").write_text(json.dumps(edited))
-    common = ("--recipes", recipes, "--cache-dir", tmp_path / "cache", "--repo", TEST_REPO, "--locked")
+    common = ("--recipes", recipes, "--cache-dir", tmp_path / "cache", "--repo", TEST_REPO, "--locked", "--no-builder")
     tampered = run_cli("image", TARGET, *common, "--registry-mirror", base_published.host)
     assert_one_line_error(tampered, "does not list the blobs of the manifest", "edited by hand")
     # A digest that is not one (a path, say) is refused before it names any file.

@@ -48,9 +48,9 @@ def part_paths(upstream: UpstreamServer) -> list[str]:
 
 
 def without_version(tree: dict[str, str]) -> dict[str, str]:
-    """An install's tree without what the installer adds: version.txt, its own marker and the release's
-    table of contents (kept for the next update, install/delta.py)."""
-    added = ("version.txt", ".vllm-bundle-install", ".vllm-bundle-toc.json.gz")
+    """An install's tree without what the installer adds: version.txt, its own marker, the release's
+    table of contents (kept for the next update, install/delta.py) and glibc floor (doctor reads it)."""
+    added = ("version.txt", ".vllm-bundle-install", ".vllm-bundle-toc.json.gz", ".vllm-bundle-glibc")
     return {name: digest for name, digest in tree.items() if name not in added}
 
 

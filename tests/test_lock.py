@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.upstream.fixture import (
     TRITON_VERSION,
     Fixture,
 )
+from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.errors import LockError
 from vllm_bundle.inputs.lockfile import BUILD_GROUP, BUILD_MARKER, read_lock, wheel_artifacts
@@ -304,18 +306,36 @@ def test_repackage_mode_pins_a_prebuilt_vllm_wheel(locked: Path, upstream: Upstr
 # -- `bundle` locks first where no lock exists (as `uv run` does); `--locked` refuses ---------------------
 
 
-def _bundle_locking(recipes: Path, upstream: UpstreamServer, work: Path, *extra: str):  # type: ignore[no-untyped-def]
+def _bundle_locking(  # type: ignore[no-untyped-def]
+    recipes: Path, upstream: UpstreamServer, work: Path, *extra: str, builder: RegistryServer | None = None
+):
+    """``bundle`` with the fake upstream's indexes (for locking first), vLLM compiled in the builder that
+    ``builder`` serves (else refused before: the tests with none stop at the target's lock)."""
     args: list[str | Path] = ["bundle", "gfx1151", "--recipes", recipes, "--cache-dir", work / "cache", "--plain"]
     args += ["--therock-index", f"{upstream.url}/{THEROCK_NEXT}/", "--pypi-index", f"{upstream.url}/{PYPI}/"]
     args += ["--mirror", f"{upstream.url}/mirror/"]
+    args += ["--registry-mirror", builder.host] if builder else []
     return run_cli(*args, "--build-dir", work / "build", "--no-archive", *extra, timeout=600)
 
 
+def _cache_of(built: Path, work: Path) -> None:
+    """The suite's download cache, by hard links (its builder image's root file system among it): what is
+    tested is the lock, not a second unpacking of the builder."""
+    work.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(built.parent / "cache"), str(work / "cache")], check=True)
+
+
 def test_bundle_without_a_lock_locks_first_then_builds(
-    recipes_dir: Path, upstream: UpstreamServer, locked: Path, built: Path, tmp_path: Path
+    recipes_dir: Path,
+    upstream: UpstreamServer,
+    locked: Path,
+    built: Path,
+    builder_registry: RegistryServer,
+    tmp_path: Path,
 ) -> None:
     seed_vllm_build(built, tmp_path / "build")  # the same lock: the suite's vLLM build is reused
-    result = _bundle_locking(recipes_dir, upstream, tmp_path)
+    _cache_of(built, tmp_path)
+    result = _bundle_locking(recipes_dir, upstream, tmp_path, builder=builder_registry)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "stage  vllm-wheel  cached" in result.stdout, "the seeded build, as the lock is the same"
     first = result.stdout.splitlines()[0]
@@ -325,7 +345,8 @@ def test_bundle_without_a_lock_locks_first_then_builds(
         made, expected = recipes_dir / "locks" / "stable" / name, locked / "locks" / "stable" / name
         assert made.read_bytes() == expected.read_bytes()
     assert (tmp_path / "build" / "gfx1151" / "root" / "bin" / "vllm-server").is_file()
-    again = _bundle_locking(recipes_dir, upstream, tmp_path)
+    assert "locked builder image ghcr.io/rocm/therock_build_manylinux_x86_64:latest: sha256:" in result.stdout
+    again = _bundle_locking(recipes_dir, upstream, tmp_path, builder=builder_registry)
     assert again.returncode == 0 and "lock   " not in again.stdout, "an existing, current lock is used as it is"
 
 
@@ -343,12 +364,13 @@ def test_bundle_locked_refuses_a_missing_or_stale_lock(
 
 
 def test_bundle_with_a_stale_lock_relocks_and_says_why(
-    locked_copy: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked_copy: Path, upstream: UpstreamServer, built: Path, builder_registry: RegistryServer, tmp_path: Path
 ) -> None:
     seed_vllm_build(built, tmp_path / "build")
+    _cache_of(built, tmp_path)
     channels = locked_copy / "channels.toml"
     channels.write_text(channels.read_text().replace('torch = ">=2.13"', 'torch = ">=2.13,<2.14"', 1))
-    result = _bundle_locking(locked_copy, upstream, tmp_path)
+    result = _bundle_locking(locked_copy, upstream, tmp_path, builder=builder_registry)
     assert result.returncode == 0, result.stdout + result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith("lock   lock ") and "out of date with its recipe" in first and "first" in first

@@ -18,6 +18,8 @@ import zstandard
 from tests.code_objects import offload_bundle
 from tests.conftest import assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
+from tests.upstream.packaging_fixtures import needing_version
+from tests.upstream.registry import RegistryServer
 from vllm_bundle.errors import RecipeError
 from vllm_bundle.qualify.tier0 import check_device_code, manylinux_libraries
 from vllm_bundle.recipes import load_recipes
@@ -99,6 +101,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
     assert report["passed"] and report["target"] == "gfx1151"
     assert {c["name"] for c in report["checks"]} == {
         "elf-closure",
+        "symbol-versions",
         "search-paths",
         "torch-abi",
         "torch-requirement",
@@ -116,6 +119,9 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "relocated-smoke",
     }
     assert "PASSED" in result.stdout
+    # The fixture's CPython is this machine's (glibc 2.36): its floor is what it claims (FIXTURE_PLATFORM)
+    assert report["floor"]["platform"] == "manylinux_2_36_x86_64" and report["floor"]["glibc"] == "2.36"
+    assert report["floor"]["highest"]["GLIBC"] == "2.36"
 
 
 def test_archive_parts_pass(built: Path, tmp_path: Path, locked: Path) -> None:
@@ -201,6 +207,11 @@ def _cudnn(root: Path) -> None:
     (libs / "libcudnn_ops.so.9").write_bytes(b"\x7fELF")
 
 
+def _newer_glibc(root: Path) -> None:
+    """A library built on a newer system than the bundle claims: strlcpy is glibc 2.38's (issue #50)."""
+    needing_version(root / "lib" / "libnewsym.so", "strlcpy", "libc.so.6", "GLIBC_2.38")
+
+
 def _undefined_torch_symbol(root: Path) -> None:
     _compile_extension(root / SITE / "vllm/_C.abi3.so", "_ZN3c1019UndefinedTensorImpl10_singletonE")
 
@@ -209,6 +220,12 @@ def _undefined_torch_symbol(root: Path) -> None:
     ("defect", "check", "cause"),
     [
         (_drop_comgr, "elf-closure", "libamdhip64.so.7 needs libamd_comgr.so.3"),
+        (
+            _newer_glibc,
+            "symbol-versions",
+            "lib/libnewsym.so needs strlcpy@GLIBC_2.38 (libc.so.6): above the floor manylinux_2_36_x86_64 "
+            "(GLIBC <= 2.36)",
+        ),
         (_drop_kpack, "records", "_rocm_sdk_libraries/.kpack/blas_lib_gfx1151.kpack, which is missing"),
         (_edit_torch, "records", "torch/__init__.py does not match its RECORD hash"),
         (_absolute_rpath, "search-paths", "absolute RPATH/RUNPATH /home/builder/build/gfx1151/site/lib"),
@@ -251,7 +268,9 @@ def test_warn_only_reports_a_failed_check_and_exits_zero(bundle: Path, tmp_path:
     assert "FAIL elf-closure" in result.stdout
 
 
-def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: Path, upstream) -> None:  # type: ignore[no-untyped-def]
+def test_a_failing_bundle_is_not_archived(  # type: ignore[no-untyped-def]
+    locked: Path, built: Path, tmp_path: Path, upstream, builder_registry: RegistryServer
+) -> None:
     """The bundle pipeline stops before the release assets when tier 0 fails."""
     build = tmp_path / "build"
     shutil.copytree(built, build, symlinks=True)
@@ -261,7 +280,7 @@ def test_a_failing_bundle_is_not_archived(locked: Path, built: Path, tmp_path: P
     stamp = build / "gfx1151" / ".root.stage.json"
     assert stamp.exists()
     # The root stage is cached (its stamp still matches), so qualification is forced to look again.
-    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "qualify")
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "qualify", builder=builder_registry)
     assert_one_line_error(result, "tier 0 qualification failed", "launcher")
     assert not (tmp_path / "bundles").exists()
 

@@ -32,6 +32,7 @@ from tests.conftest import (
     tree_digest,
 )
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, Fixture
+from tests.upstream.registry import RegistryServer
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.errors import BundleError
 from vllm_bundle.tree.python_stage import python_stage
@@ -118,10 +119,10 @@ SLOW_SITE = textwrap.dedent("""
 
 
 def test_a_second_bundle_on_the_same_build_dir_waits_for_the_first(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build = seed_vllm_build(built, tmp_path / "build")  # what is tested is the wait, not vLLM's build
-    args = bundle_args(locked, upstream, build, built.parent / "cache")
+    args = bundle_args(locked, upstream, build, built.parent / "cache", builder_registry)
     first = subprocess.Popen(
         [sys.executable, "-c", SLOW_SITE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -302,10 +303,12 @@ def test_tier0_fails_on_a_symlink_leaving_the_bundle(built: Path, locked: Path, 
 
 
 def _private(built: Path, tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of the built tree and of its download cache, for tests that damage one of them."""
+    """A copy of the built tree and of its download cache, for tests that damage one of them (the cache by
+    hard links: a test damages a blob by writing a file of its own in its place, ``_corrupt``; the builder
+    image's hundreds of MB are not copied)."""
     build, cache = tmp_path / "build", tmp_path / "cache"
     shutil.copytree(built, build, symlinks=True)
-    shutil.copytree(built.parent / "cache", cache, symlinks=True)
+    subprocess.run(["cp", "-al", str(built.parent / "cache"), str(cache)], check=True)
     return build, cache
 
 
@@ -314,7 +317,7 @@ def _stage_states(stdout: str) -> dict[str, str]:
 
 
 def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
-    fixture_tree: Fixture, locked: Path, built: Path, tmp_path: Path
+    fixture_tree: Fixture, locked: Path, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     from tests.upstream.fixture import flat_mirror, write_index
     from tests.upstream.packaging_fixtures import make_wheel
@@ -336,7 +339,7 @@ def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
         assert lock_against(server, recipes, "gfx1151", tmp_path / "lock-cache").returncode == 0
         build = tmp_path / "build"
         shutil.copytree(built, build, symlinks=True)
-        result = run_cli(*bundle_args(recipes, server, build, built.parent / "cache"), timeout=300)
+        result = run_cli(*bundle_args(recipes, server, build, built.parent / "cache", builder_registry), timeout=300)
     finally:
         server.stop()
     assert result.returncode == 0, result.stdout + result.stderr
@@ -349,14 +352,14 @@ def test_a_wheel_republished_under_the_same_name_redoes_the_site_stage(
 
 
 def test_a_truncated_staged_wheel_is_replaced_from_the_cache(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build, cache = _private(built, tmp_path)
     (staged,) = (build / "gfx1151" / ".wheels").glob("fastapi-*.whl")
     data = staged.read_bytes()
     staged.unlink()  # a file of its own (not the cache's hard link), cut short
     staged.write_bytes(data[: len(data) // 2])
-    result = run_cli(*bundle_args(locked, upstream, build, cache), "--force", "site", timeout=300)
+    result = run_cli(*bundle_args(locked, upstream, build, cache, builder_registry), "--force", "site", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert staged.read_bytes() == data
     assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
@@ -366,21 +369,22 @@ def test_a_truncated_staged_wheel_is_replaced_from_the_cache(
 
 
 def _corrupt(path: Path) -> None:
-    """Same size, other bytes: only a hash can tell."""
+    """Same size, other bytes: only a hash can tell. A new file in its place, so that a hard link of it
+    (another cache's) keeps its bytes."""
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    path.chmod(0o644)
-    path.write_bytes(bytes(data))
+    path.with_name(f"{path.name}.corrupt").write_bytes(bytes(data))
+    path.with_name(f"{path.name}.corrupt").replace(path)
 
 
 def test_a_corrupt_cpython_blob_is_refused_before_extraction_and_healed_by_verify_cache(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build, cache = _private(built, tmp_path)
     lock = tomllib.loads((locked / "locks" / "stable" / "gfx1151.toml").read_text())
     python = next(a for a in lock["artifacts"] if a["role"] == "python")
     _corrupt(cache / "blobs" / "sha256" / python["sha256"][:2] / python["sha256"])
-    args = bundle_args(locked, upstream, build, cache)
+    args = bundle_args(locked, upstream, build, cache, builder_registry)
     refused = run_cli(*args, "--force", "python", timeout=300)
     last = assert_one_line_error(refused, python["filename"], "does not match its sha256", "--verify-cache")
     assert python["sha256"] not in last, "the file is named, not the cache blob"
@@ -390,12 +394,14 @@ def test_a_corrupt_cpython_blob_is_refused_before_extraction_and_healed_by_verif
     assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
 
 
-def test_a_corrupt_wheel_blob_is_one_line(locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path) -> None:
+def test_a_corrupt_wheel_blob_is_one_line(
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
+) -> None:
     build, cache = _private(built, tmp_path)
     (staged,) = (build / "gfx1151" / ".wheels").glob("pydantic-*.whl")
     digest = sha256_file(staged)
     _corrupt(cache / "blobs" / "sha256" / digest[:2] / digest)
-    result = run_cli(*bundle_args(locked, upstream, build, cache), "--force", "site", timeout=300)
+    result = run_cli(*bundle_args(locked, upstream, build, cache, builder_registry), "--force", "site", timeout=300)
     assert_one_line_error(result, staged.name, "does not match its sha256", "--verify-cache")
 
 
@@ -461,14 +467,19 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
 
 
 def test_ctrl_c_while_archiving_stops_at_once_and_leaves_no_parts(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build = tmp_path / "build"
     shutil.copytree(built, build, symlinks=True)
     with (build / "gfx1151" / "root" / "big.bin").open("wb") as big:  # incompressible: archiving takes a while
         for _ in range(384):
             big.write(os.urandom(1 << 20))
-    command = [sys.executable, "-m", "vllm_bundle", *bundle_args(locked, upstream, build, built.parent / "cache")]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm_bundle",
+        *bundle_args(locked, upstream, build, built.parent / "cache", builder_registry),
+    ]
     process = subprocess.Popen(
         [*command, "--force", "release", "--level", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -489,10 +500,12 @@ def test_ctrl_c_while_archiving_stops_at_once_and_leaves_no_parts(
 
 @pytest.mark.parametrize("size", ["4m", "40m"])
 def test_a_full_build_disk_is_one_line(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, size: str
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, size: str, builder_registry: RegistryServer
 ) -> None:
     with small_disk(tmp_path / "disk", size) as disk:
-        result = run_cli(*bundle_args(locked, upstream, disk / "build", built.parent / "cache"), timeout=300)
+        result = run_cli(
+            *bundle_args(locked, upstream, disk / "build", built.parent / "cache", builder_registry), timeout=300
+        )
         assert_one_line_error(result, "disk", "filled up")
         assert not list((disk / "build" / "gfx1151").glob(".*.tmp")), "no half-built stage left"
 

@@ -23,6 +23,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 
 from tests.conftest import (
+    FIXTURE_PLATFORM,
     REPO,
     assert_one_line_error,
     bundle_args,
@@ -59,7 +60,7 @@ REPORTING_ZIG = '#!/bin/sh\nprintf "%s\\n" "$ZIG_GLOBAL_CACHE_DIR" "$@"\n'
 def test_the_target_is_the_glibc_floor_of_the_recipes_platform(recipes_dir: Path) -> None:
     assert TARGET == "x86_64-linux-gnu.2.35", "python.platform x86_64-manylinux_2_35"
     components = recipes_dir / "components.toml"
-    components.write_text(components.read_text().replace("x86_64-manylinux_2_35", "x86_64-manylinux_2_28"))
+    components.write_text(components.read_text().replace(FIXTURE_PLATFORM, "x86_64-manylinux_2_28"))
     assert zig_target(load_recipes(recipes_dir).python) == "x86_64-linux-gnu.2.28"
 
 
@@ -70,7 +71,7 @@ def test_the_target_is_the_glibc_floor_of_the_recipes_platform(recipes_dir: Path
         (f'c = "ziglang=={ZIGLANG_STAND_IN}"', 'c = "gcc==14.2"', "toolchain.c"),
         (f'c = "ziglang=={ZIGLANG_STAND_IN}"', "c = \"ziglang==0.17.1; python_version < '3'\"", "toolchain.c"),
         ("[toolchain]\n", "[toolchains]\n", "toolchain"),
-        ('platform = "x86_64-manylinux_2_35"', 'platform = "linux"', "python.platform"),
+        (f'platform = "{FIXTURE_PLATFORM}"', 'platform = "linux"', "python.platform"),
     ],
 )
 def test_a_bad_toolchain_or_platform_is_one_line(recipes_dir: Path, old: str, new: str, where: str) -> None:
@@ -344,7 +345,7 @@ def tiny_bundle(tmp_path: Path) -> Iterator[Path]:
 def test_tier0_builds_a_c_extension_with_the_moved_bundles_cc(tiny_bundle: Path) -> None:
     from vllm_bundle.tree.assemble import Layout
 
-    rules = QualifyRules(frozenset(), (), ("json",))
+    rules = QualifyRules(frozenset(), (), ("json",), platform="x86_64-manylinux_2_35")
     passed = check_relocated_smoke(Layout(tiny_bundle, PYTHON_MINOR), rules)
     assert passed.passed, passed.problems
     assert passed.summary == "moved elsewhere, imports json; its CC builds a C extension it loads"
@@ -504,5 +505,6 @@ def test_the_bundles_cc_works_with_no_home_and_no_cache_variable(rootfs: Path) -
 def test_tier0_built_a_c_extension_with_the_real_zig(real_bundle: Path) -> None:
     report = json.loads((real_bundle.parent / "qualify" / "qualification.json").read_text())
     checks = {check["name"]: check for check in report["checks"]}
-    assert checks["c-toolchain"]["passed"] and f"cc -target {TARGET}" in checks["c-toolchain"]["summary"]
+    fixture_target = "x86_64-linux-gnu." + FIXTURE_PLATFORM.split("manylinux_")[1].replace("_", ".")  # its floor
+    assert checks["c-toolchain"]["passed"] and f"cc -target {fixture_target}" in checks["c-toolchain"]["summary"]
     assert checks["relocated-smoke"]["passed"], checks["relocated-smoke"]["problems"]

@@ -32,6 +32,7 @@ from tests.conftest import (
     tree_digest,
 )
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION, VLLM_BUILT_VERSION, Fixture
+from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.recipes import load_recipes
@@ -73,11 +74,16 @@ def test_every_hip_extension_carries_code_objects_for_the_target(built: Path) ->
     assert header == "# vLLM build: rocm"
     release = json.loads((built.parent / "bundles" / TAG / "release.json").read_text())
     assert release["versions"]["vllm"] == VLLM_BUILT_VERSION, "vLLM's own local version of its ROCm build"
+    builder = release["vllm_build"].pop("builder")
     assert release["vllm_build"] == {
         "device": "rocm",
         "isas": ["gfx1151"],
         "extensions": {name: ["gfx1151"] for name in RULE.device_code},
     }
+    # compiled in the pinned builder image (bookworm's, as the fixture serves TheRock's name), with its GCC
+    assert builder["image"].startswith("ghcr.io/rocm/therock_build_manylinux_x86_64:latest@sha256:"), builder
+    assert builder["cxx"] == "/opt/rh/gcc-toolset-13/root/usr/bin/g++" and builder["glibc"] == "2.36"
+    assert builder["cxx_version"].startswith("g++ (Debian 12."), builder
 
 
 def test_the_bundles_vllm_is_built_by_vllms_own_setup_py_and_cmake(built: Path) -> None:
@@ -146,14 +152,23 @@ class Rebuild:
 
 @pytest.fixture(scope="module")
 def offline_rebuild(
-    built: Path, locked: Path, _server: UpstreamServer, tmp_path_factory: pytest.TempPathFactory
+    built: Path,
+    locked: Path,
+    _server: UpstreamServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    builder_registry: RegistryServer,
 ) -> Rebuild:
     """The wheel stage rebuilt on a copy of the suite's build, in a network namespace of its own (nothing
     reachable, not even the loopback upstream), shared by the tests that read what it did."""
     build = copy_build(built, tmp_path_factory.mktemp("offline-rebuild") / "build")
     before = tree_digest(build / "gfx1151" / "site")
     _server.reset()
-    args = [*bundle_args(locked, _server, build, built.parent / "cache"), "--offline", "--force", "vllm-wheel"]
+    args = [
+        *bundle_args(locked, _server, build, built.parent / "cache", builder_registry),
+        "--offline",
+        "--force",
+        "vllm-wheel",
+    ]
     command = ["unshare", "--net", sys.executable, "-m", "vllm_bundle", *args]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ)
     requests = [str(entry) for entry in _server.log]
@@ -184,7 +199,7 @@ def test_the_build_opens_no_connection(offline_rebuild: Rebuild) -> None:
 
 
 def test_a_builder_with_ccache_rust_and_a_gpu_builds_the_same_bytes(
-    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     """setup.py uses ccache/sccache when it finds them, builds the Rust frontend where rustc runs, and
     TheRock's rocm sdist asks ``offload-arch`` for the machine's GPU: none of it may change a byte."""
@@ -201,7 +216,7 @@ def test_a_builder_with_ccache_rust_and_a_gpu_builds_the_same_bytes(
         (tools / name).write_text(text)
         (tools / name).chmod(0o755)
     env = {"PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-    args = bundle_args(locked, upstream, tmp_path / "build", built.parent / "cache")
+    args = bundle_args(locked, upstream, tmp_path / "build", built.parent / "cache", builder_registry)
     result = run_cli(*args, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not marker.exists(), f"the build ran {marker.read_text() if marker.exists() else ''}"
@@ -215,15 +230,18 @@ PATCHED_BUILD = textwrap.dedent("""
     import vllm_bundle.tree.vllm_build as build
     change = sys.argv[1]
     original = build.rocm_environment
-    def rocm_environment(target, devel, core, rocm, kernels, root):
-        env = original(target, devel, core, rocm, kernels, root)
+    def rocm_environment(*args):
+        env, core = original(*args), args[2]
         if change == "no-triton-kernels":
             del env["TRITON_KERNELS_SRC_DIR"]
         elif change == "core-compiler":  # CMake takes HIPCXX; torch 2.13's LoadHIP.cmake takes HIP_CLANG_PATH
-            env["HIPCXX"] = env["CXX"] = str(core / "lib" / "llvm" / "bin" / "clang++")
+            env["HIPCXX"] = str(core / "lib" / "llvm" / "bin" / "clang++")
             env["HIP_CLANG_PATH"] = str(core / "lib" / "llvm" / "bin")
-        elif change == "no-prefix-maps":
-            env["CFLAGS"] = env["CXXFLAGS"] = env["HIPFLAGS"] = ""
+        elif change == "no-prefix-maps":  # (the HIP link flag kept: it is not a prefix map)
+            env["CFLAGS"] = env["CXXFLAGS"] = ""
+            env["HIPFLAGS"] = " ".join(build.HIP_LINK_FLAGS)
+        elif change == "driver-rpath":
+            env["HIPFLAGS"] = env["HIPFLAGS"].replace("-fno-rtlib-add-rpath", "")
         return env
     build.rocm_environment = rocm_environment
     if change == "devel-symlinks":
@@ -245,13 +263,23 @@ PATCHED_BUILD = textwrap.dedent("""
         ("devel-symlinks", "vllm-wheel", "does not contain the HIP runtime CMake package"),
         # without prefix maps, __FILE__ puts the build directory into the extensions
         ("no-prefix-maps", "vllm-wheel", "vllm/_C.abi3.so names the build directory"),
+        # TheRock's rocm.cfg has clang add -rpath <ROCm root>/lib to every link with --hip-link (CMake's for
+        # HIP targets): the devel tree in scratch, a path of the build machine (issue #50)
+        ("driver-rpath", "vllm-wheel", "vllm/_C.abi3.so has a search path of the build machine: /"),
     ],
 )
 def test_each_part_of_the_build_environment_is_needed(
-    change: str, stage: str, why: str, built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+    change: str,
+    stage: str,
+    why: str,
+    built: Path,
+    locked: Path,
+    upstream: UpstreamServer,
+    builder_registry: RegistryServer,
+    tmp_path: Path,
 ) -> None:
     build = copy_build(built, tmp_path / "build")
-    args = [*bundle_args(locked, upstream, build, built.parent / "cache"), "--force", "vllm-wheel"]
+    args = [*bundle_args(locked, upstream, build, built.parent / "cache", builder_registry), "--force", "vllm-wheel"]
     result = subprocess.run(
         [sys.executable, "-c", PATCHED_BUILD, change, *args], capture_output=True, text=True, timeout=300
     )
@@ -262,25 +290,27 @@ def test_each_part_of_the_build_environment_is_needed(
 
 
 def test_an_sdk_without_its_compiler_fails_in_one_line(
-    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     """A rocm-sdk-core without the compiler (a path that moved, a broken wheel): one line, no fallback."""
     build = copy_build(built, tmp_path / "build")
     (build / "gfx1151" / "site" / SITE / "_rocm_sdk_core" / "lib" / "llvm" / "bin" / "clang++").unlink()
-    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel")
+    result = bundle_cli(
+        locked, upstream, build, built.parent / "cache", "--force", "vllm-wheel", builder=builder_registry
+    )
     assert_one_line_error(result, "the ROCm SDK has no compiler: _rocm_sdk_core/lib/llvm/bin/clang++ is missing")
     assert not (build / "gfx1151" / "vllm-wheel").exists()
 
 
 def test_a_lock_without_the_devel_wheel_fails_in_one_line(
-    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path
+    locked: Path, upstream: UpstreamServer, built: Path, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     """The channel names no sdk-build-wheels: the build stops naming the devel part, never Python-only."""
     recipes = copy_recipes(tmp_path / "recipes")
     channels = recipes / "channels.toml"
     channels.write_text(channels.read_text().replace('sdk-build-wheels = ["rocm-sdk-devel"]\n', ""))
     assert lock_against(upstream, recipes, "gfx1151", built.parent / "cache").returncode == 0
-    result = bundle_cli(recipes, upstream, tmp_path / "build", built.parent / "cache")
+    result = bundle_cli(recipes, upstream, tmp_path / "build", built.parent / "cache", builder=builder_registry)
     assert_one_line_error(result, "the ROCm SDK's devel part is missing", "re-lock")
     assert "vllm-wheel" not in stages_of(result)
 
@@ -289,10 +319,10 @@ def test_a_lock_without_the_devel_wheel_fails_in_one_line(
 
 
 def test_a_python_only_vllm_is_built_only_when_asked_and_says_so(
-    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path
+    built: Path, locked: Path, upstream: UpstreamServer, tmp_path: Path, builder_registry: RegistryServer
 ) -> None:
     build = copy_build(built, tmp_path / "build")
-    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--python-only-vllm")
+    result = bundle_cli(locked, upstream, build, built.parent / "cache", "--python-only-vllm", builder=builder_registry)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "vLLM built Python-only on request (--python-only-vllm)" in result.stdout
     assert "ok   vllm-device-code   Python-only vLLM, built on request" in result.stdout

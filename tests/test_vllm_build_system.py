@@ -119,7 +119,8 @@ def _prepare(site: Layout, group: dict[Path, str], fixture_tree: Fixture, scratc
     build = _wheel_build(site, group, fixture_tree)
     scratch.mkdir(parents=True)
     env, bins = vllm_build.build_group_setup(build, scratch)
-    env |= vllm_build.rocm_setup(RECIPES.target("gfx1151"), build, scratch, scratch.parent)
+    tools = build.builder.probe(scratch.parent / "probe", needs_patch=False)  # this machine's GCC
+    env |= vllm_build.rocm_setup(RECIPES.target("gfx1151"), build, scratch, scratch.parent, tools)
     return {**vllm_build.base_environment(scratch, bins, SOURCE_DATE, 2), **env}
 
 
@@ -356,15 +357,20 @@ def test_vllms_cmake_needs_gnu_patch_and_the_build_says_so_first(
     group = _locked_devel(locked, fixture_tree)
     out = tmp_path / "build" / "vllm-wheel.tmp"
     out.mkdir(parents=True)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no GNU patch (and the build tools not asked for)
+    tools = tmp_path / "tools"  # this machine's host compilers, and no GNU patch
+    tools.mkdir()
+    for name in ("gcc", "g++"):
+        (tools / name).symlink_to(shutil.which(name, path="/usr/bin") or name)
+    monkeypatch.setenv("PATH", str(tools))
     monkeypatch.setattr(build_requirements, "build_system_requires", lambda source: [])
     build = _wheel_build(site, group, fixture_tree)
     with pytest.raises(BuildError) as raised:
         vllm_build.run_build(RECIPES.target("gfx1151"), real_source, build, out, tmp_path / "log", "0.33.0")
     assert str(raised.value) == (
-        "vLLM's CMakeLists.txt runs `patch`, which is not on the build's PATH "
-        "(install it (apt-get install patch) on the build machine)"
+        "vLLM's CMakeLists.txt runs GNU patch; this machine has no patch "
+        "(install g++ and GNU patch (apt-get install g++ patch), or drop --no-builder)"
     )
+    assert not (tmp_path / "build" / ".vllm-wheel.build").exists(), "said before the build began"
 
 
 def test_on_torch_2_13_vllms_configure_patches_torchs_header_with_gnu_patch(

@@ -134,6 +134,25 @@ def test_release_pushes_and_attests_the_image_after_tier_0() -> None:
     assert bundle["permissions"]["packages"] == "write"
 
 
+def test_release_builds_vllm_in_the_pinned_builder_and_refuses_a_bundle_above_its_floor() -> None:
+    """Issue #50: the release job compiles vLLM in the builder image the lock pins (its lock checked, its
+    sandbox set up first), never on the runner (--no-builder) and never past tier 0 (--warn-only), whose
+    symbol-versions check holds every file to the floor the recipes claim."""
+    bundle = _load(ROOT / ".github/workflows/release.yml")["jobs"]["bundle"]
+    runs = [step.get("run", "") for step in bundle["steps"]]
+    lock = next(i for i, r in enumerate(runs) if "nox -s lock -- --check" in r)
+    sandbox = next(i for i, r in enumerate(runs) if "apt-get install" in r and "bubblewrap" in r)
+    build = next(i for i, r in enumerate(runs) if "nox -s bundle" in r)
+    assert lock < build and sandbox < build
+    assert "--builder" in runs[lock], "the builder's lock is checked with the others"
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in runs[sandbox]
+    assert "--no-builder" not in " ".join(runs) and "--warn-only" not in " ".join(runs)
+    key = next(s for s in bundle["steps"] if s.get("uses", "").startswith("actions/cache"))["with"]["key"]
+    assert "recipes/locks/builder.json" in key, "the builder's blobs are cached by its lock too"
+    refresh = " ".join(step.get("run", "") for step in _steps(_load(ROOT / ".github/workflows/refresh-locks.yml")))
+    assert "nox -s lock -- --image --builder" in refresh, "the builder is re-pinned with the image base"
+
+
 def test_release_is_promoted_only_after_the_gpu_tiers() -> None:
     jobs = _load(ROOT / ".github/workflows/release.yml")["jobs"]
     publish = " ".join(step.get("run", "") for step in jobs["publish"]["steps"])

@@ -259,6 +259,12 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
         help="build vLLM without its native code (no GPU kernels; recorded in the launcher and release.json)",
     )
     build.add_argument("--warn-only", action="store_true", help="archive even when tier 0 qualification fails")
+    build.add_argument(
+        "--no-builder",
+        action="store_true",
+        help="compile vLLM on this machine, not in the pinned builder image (recipes/builder.toml); recorded in "
+        "release.json, and tier 0 holds what it compiles to the bundle's glibc floor",
+    )
     inputs = parser.add_argument_group("inputs")
     inputs.add_argument(
         "--locked",
@@ -281,7 +287,7 @@ def _bundle_options(parser: argparse.ArgumentParser) -> None:
     image = parser.add_argument_group("OCI image")
     image.add_argument("--image", action="store_true", help="also build the OCI image (build/<target>/image)")
     image.add_argument("--push", metavar="REGISTRY/REPO", help="push the image there, tagged with the release tag")
-    _registry_mirror_option(image)
+    _registry_mirror_option(inputs)
     _common(parser)
 
 
@@ -296,7 +302,9 @@ def _host_root_option(parser: argparse.ArgumentParser) -> None:
 
 def _registry_mirror_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument(
-        "--registry-mirror", metavar="HOST[:PORT]|URL", help="a registry serving the image base's repository"
+        "--registry-mirror",
+        metavar="HOST[:PORT]|URL",
+        help="a registry serving the repositories of the images (the builder, the image base)",
     )
 
 
@@ -345,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     _index_options(lock)
     _mirror_option(lock, "URL or directory with the release files (CPython tarball, SHA256SUMS)")
     lock.add_argument("--image", action="store_true", help="also pin the container image's base (recipes/image.toml)")
+    lock.add_argument(
+        "--builder", action="store_true", help="also pin the image vLLM is compiled in (recipes/builder.toml)"
+    )
     _registry_mirror_option(lock)
     _common(lock)
 

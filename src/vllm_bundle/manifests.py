@@ -139,13 +139,22 @@ def check_repo(repo: str) -> None:
         raise UsageError(f"GitHub repository {repo!r} is not <owner>/<name>", hint)
 
 
-def backend_versions(tag: str, target: str, repo: str, parts: Mapping[str, str]) -> dict[str, Any]:
-    """Lemonade's format: the pin, and ``checksums.github.<repo>.<tag>.<asset> = sha256:<hex>`` per part."""
+#: A glibc version as manifests record it: ``2.35``.
+GLIBC_VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
+
+
+def backend_versions(
+    tag: str, target: str, repo: str, parts: Mapping[str, str], glibc: str | None = None
+) -> dict[str, Any]:
+    """Lemonade's format: the pin, and ``checksums.github.<repo>.<tag>.<asset> = sha256:<hex>`` per part;
+    with ``glibc``, the oldest glibc the tag's bundle runs on (tier 0's measured floor) under ``glibc.<tag>``,
+    a key of its own that Lemonade's reader does not look at (it reads ``vllm`` and ``checksums``)."""
     check_repo(repo)
-    return {
+    doc: dict[str, Any] = {
         "vllm": {"rocm": pin_of(tag, target)},
         "checksums": {"github": {repo: {tag: {name: f"sha256:{digest}" for name, digest in sorted(parts.items())}}}},
     }
+    return doc | ({"glibc": {tag: glibc}} if glibc else {})
 
 
 def json_kind(value: object) -> str:
@@ -204,6 +213,9 @@ def check_backend_versions(doc: object, where: str) -> dict[str, Any]:
                 if not _string(digest, where, field).startswith("sha256:"):
                     raise ManifestError(f"{where}: {field} is not sha256:<hex>: {digest[:80]!r}", BAD_MANIFEST_HINT)
                 sha256_hex(digest.removeprefix("sha256:"), f"{where}: {field}")
+    for tag, version in _object(top.get("glibc", {}), where, "glibc").items():
+        if not GLIBC_VERSION.fullmatch(_string(version, where, f"glibc.{tag}")):
+            raise ManifestError(f"{where}: glibc.{tag} is {version[:40]!r}, not a glibc version", BAD_MANIFEST_HINT)
     return top
 
 
@@ -233,7 +245,7 @@ def _target_pins(doc: Mapping[str, Any]) -> dict[str, str]:
 def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One backend_versions.json for several targets' files: Lemonade's ``vllm.rocm`` pin (the one most
     targets share) and ``vllm.rocm_arch_overrides`` for the targets on another release line (keyed by
-    target, the family name Lemonade appends), with every part's checksum."""
+    target, the family name Lemonade appends), with every part's checksum and every tag's glibc floor."""
     if not documents:
         raise ManifestError("nothing to merge")
     for number, doc in enumerate(documents, start=1):
@@ -248,6 +260,13 @@ def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, 
     overrides = {target: pin for target, pin in sorted(pins.items()) if pin != default}
     vllm: dict[str, Any] = {"rocm": default} | ({"rocm_arch_overrides": overrides} if overrides else {})
     merged: dict[str, Any] = {"vllm": vllm, "checksums": {"github": {}}}
+    floors: dict[str, str] = {}
+    for doc in documents:
+        for tag, version in doc.get("glibc", {}).items():
+            if floors.setdefault(tag, version) != version:
+                raise ManifestError(f"{tag} needs both glibc {floors[tag]} and {version}", "merge one release")
+    if floors:
+        merged["glibc"] = dict(sorted(floors.items()))
     for doc in documents:
         for repo, tags in doc.get("checksums", {}).get("github", {}).items():
             for tag, assets in tags.items():

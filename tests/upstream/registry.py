@@ -71,13 +71,15 @@ def bcrypt_hash(password: str) -> str:
 
 @dataclass
 class RegistryServer:
-    """``docker-registry serve`` with its storage in ``root``, listening on a free loopback port. With
-    ``logins`` (user -> password), it asks for them by HTTP Basic auth (the registry's htpasswd auth)."""
+    """``docker-registry serve`` with its storage in ``root`` (or ``storage``: one several registries of a
+    run serve), listening on a free loopback port. With ``logins`` (user -> password), it asks for them by
+    HTTP Basic auth (the registry's htpasswd auth)."""
 
     root: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     logins: dict[str, str] = field(default_factory=dict)
+    storage: Path | None = None
     log: Path = field(init=False)
 
     def start(self) -> RegistryServer:
@@ -93,7 +95,8 @@ class RegistryServer:
         config.write_text(
             "version: 0.1\n"
             "log:\n  level: warn\n"
-            f"storage:\n  filesystem:\n    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.storage or self.root / 'data'}\n"
+            "  delete:\n    enabled: true\n"
             f"http:\n  addr: 127.0.0.1:{self.port}\n" + auth
         )
         self.log = self.root / "registry.log"

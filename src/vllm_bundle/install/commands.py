@@ -11,11 +11,20 @@ from pathlib import Path
 from platformdirs import user_data_path
 
 from vllm_bundle.errors import InstallError, NotReadyError, RecipeError, UsageError
-from vllm_bundle.install.doctor import blockers, diagnose, for_install, render_json, render_text
+from vllm_bundle.install.doctor import (
+    GLIBC_FILE,
+    blockers,
+    diagnose,
+    for_install,
+    glibc_check,
+    host_glibc,
+    render_json,
+    render_text,
+)
 from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
-from vllm_bundle.install.installer import install_release, release_from_assets, release_from_pins
-from vllm_bundle.manifests import detect_target
-from vllm_bundle.recipes import Target, load_targets
+from vllm_bundle.install.installer import Release, install_release, release_from_assets, release_from_pins
+from vllm_bundle.manifests import GLIBC_VERSION, detect_target
+from vllm_bundle.recipes import Target, load_recipes, load_targets
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, host_root
 from vllm_bundle.util.cache import Cache, default_cache_dir
 from vllm_bundle.util.fetch import Fetcher
@@ -64,19 +73,38 @@ def _doctor_target(args: argparse.Namespace, targets: Mapping[str, Target]) -> T
     return targets[name]
 
 
+def _claimed_floor(args: argparse.Namespace) -> tuple[str, str]:
+    """The glibc every bundle of the recipes claims to run on (python.platform), and where that is said."""
+    return load_recipes(args.recipes).python.glibc, "the floor its recipes claim"
+
+
+def _installed_floor(args: argparse.Namespace) -> tuple[str, str]:
+    """The floor ``install`` kept beside the ``--bundle`` given (its release's), else the recipes' claim."""
+    record = args.bundle / GLIBC_FILE if args.bundle is not None else None
+    if record is not None and record.is_file():
+        text = record.read_text(errors="replace").strip()
+        if GLIBC_VERSION.fullmatch(text):
+            return text, f"its release, {record}"
+    return _claimed_floor(args)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     targets = load_targets(args.recipes)
     target = _doctor_target(args, targets)
-    findings = diagnose(_host_root(args), targets, target, args.gpu_memory_utilization, os.environ)
+    floor = glibc_check(*_installed_floor(args), host_glibc())
+    findings = [floor, *diagnose(_host_root(args), targets, target, args.gpu_memory_utilization, os.environ)]
     print(render_json(findings) if args.json else render_text(findings))
     return 1 if blockers(findings) else 0
 
 
-def _check_host(args: argparse.Namespace, target: str) -> None:
-    """``doctor``'s checks for the bundle about to be installed: its findings printed, and a blocker
-    refuses the install before anything is downloaded (unless ``--force``)."""
-    targets = load_targets(args.recipes)
-    findings = for_install(diagnose(_host_root(args), targets, targets.get(target), None, os.environ))
+def _check_host(args: argparse.Namespace, release: Release) -> None:
+    """``doctor``'s checks for the bundle about to be installed (its glibc floor as its manifest states it):
+    its findings printed, and a blocker refuses the install before anything is downloaded (unless
+    ``--force``)."""
+    targets, target = load_targets(args.recipes), release.target
+    floor = (release.glibc, "its release") if release.glibc else _claimed_floor(args)
+    gpu = diagnose(_host_root(args), targets, targets.get(target), None, os.environ)
+    findings = for_install([glibc_check(*floor, host_glibc()), *gpu])
     print(render_text(findings), flush=True)
     blocking = blockers(findings)
     if blocking and not args.force:
@@ -101,7 +129,7 @@ def cmd_install(args: argparse.Namespace) -> int:
         release = release_from_assets(source, policy, targets=load_targets(args.recipes))
         if target is not None and release.target != target:
             raise InstallError(f"{source} is the {release.target} release, not {target}", "pick that target's release")
-    _check_host(args, release.target)
+    _check_host(args, release)
     dest = args.dest or user_data_path("vllm-bundle") / release.target
     fetcher = Fetcher(
         Cache(args.cache_dir or default_cache_dir()),

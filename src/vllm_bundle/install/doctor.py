@@ -9,6 +9,9 @@ traceback.
 
 What is checked, and where the rule comes from:
 
+- ``glibc``: the bundle's native files need the glibc its floor names (tier 0 measures it from their symbol
+  versions; the release records it, ``install`` keeps it beside the bundle): an older one stops vLLM at its
+  first import of an extension. Checked against the glibc this process runs on.
 - ``gpu``: vLLM uses HIP device 0, as ROCr, HIP and vLLM read ``ROCR_VISIBLE_DEVICES``,
   ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` (:mod:`vllm_bundle.runtime.visibility` cites their
   rules); variables that leave no GPU, or that vLLM refuses, block. The bundle carries code objects for
@@ -92,6 +95,37 @@ class Finding:
     status: Status
     message: str
     fix: str = ""
+
+
+#: Beside an installed bundle (``install`` writes it): the oldest glibc it runs on, as its release states.
+GLIBC_FILE = ".vllm-bundle-glibc"
+
+
+def host_glibc() -> str | None:
+    """The version of the glibc this process runs on (``2.36``); None on another C library (musl)."""
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return None
+    name, _, version = text.partition(" ")
+    return version if name == "glibc" and version else None
+
+
+def _as_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def glibc_check(needed: str, source: str, have: str | None) -> Finding:
+    """The bundle's files load only where glibc is at least ``needed`` (its floor; ``source`` says where
+    it was read): an older one stops vLLM at its first import of an extension ("version `GLIBC_2.38' not
+    found"). ``have``: this machine's (host_glibc)."""
+    wanted = f"the bundle needs glibc {needed} or newer ({source})"
+    if have is None:
+        return Finding("glibc", "block", f"this machine's C library is not glibc; {wanted}", "run it on a glibc system")
+    if _as_tuple(have) < _as_tuple(needed):
+        fix = f"run it on a system with glibc {needed} or newer, or install a release built for glibc {have}"
+        return Finding("glibc", "block", f"this machine has glibc {have}; {wanted}", fix)
+    return Finding("glibc", "ok", f"glibc {have}; {wanted}")
 
 
 def diagnose(

@@ -4,7 +4,8 @@ From a release (an URL serving its assets, or a directory holding them) or from 
 ``backend_versions.json`` plus a target: read ``<tag>-x64.partcount``, download the parts (resumable,
 parallel, with progress, through the verified cache), check each against the release's checksums,
 extract the concatenated parts safely (with progress) into a staging directory beside the destination, write
-``version.txt`` (the tag, no newline), and swap the staging directory into place. The previous install
+``version.txt`` (the tag, no newline) and ``.vllm-bundle-glibc`` (the bundle's glibc floor, where the release
+states it: ``doctor --bundle`` reads it), and swap the staging directory into place. The previous install
 stays untouched until the new one is complete; an install of the tag already present does nothing. Over
 a previous install that keeps its table of contents, only what changed is fetched (:mod:`.delta`), where
 that can be done safely; else, and with ``--no-delta``, the whole release.
@@ -46,7 +47,16 @@ from vllm_bundle.install.delta import (
     install_delta,
     parse_toc,
 )
-from vllm_bundle.manifests import MAX_PARTS, RELEASE_JSON, ReleaseAssets, json_kind, pinned_tag, read_backend_versions
+from vllm_bundle.install.doctor import GLIBC_FILE
+from vllm_bundle.manifests import (
+    GLIBC_VERSION,
+    MAX_PARTS,
+    RELEASE_JSON,
+    ReleaseAssets,
+    json_kind,
+    pinned_tag,
+    read_backend_versions,
+)
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
@@ -82,6 +92,7 @@ class Release:
     archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
     toc: Artifact | None = None  # the archive's table of contents, when release.json names it
     source_date: int | None = None  # every entry's modification time, when release.json gives it
+    glibc: str | None = None  # the oldest glibc the bundle runs on (its measured floor), when the manifest says
 
     @property
     def assets(self) -> ReleaseAssets:
@@ -200,7 +211,17 @@ def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[st
     toc = None if "toc" not in archive else _toc_asset(release, _object(archive["toc"], f"{where} archive.toc"), where)
     date = doc.get("source_date_epoch")
     source_date = None if date is None else _size(date, f"{where} source_date_epoch")
-    return dataclasses.replace(release, toc=toc, source_date=source_date)
+    floor = _object(doc.get("floor", {}), f"{where} floor")
+    glibc = None if floor.get("glibc") is None else glibc_version(floor["glibc"], f"{where} floor.glibc")
+    return dataclasses.replace(release, toc=toc, source_date=source_date, glibc=glibc)
+
+
+def glibc_version(value: object, where: str) -> str:
+    """A manifest's glibc version (``2.35``), else one line naming where it was read."""
+    text = _string(value, where)
+    if not GLIBC_VERSION.fullmatch(text):
+        raise ManifestError(f"{where} is {text[:40]!r}, not a glibc version", BAD_RELEASE_HINT)
+    return text
 
 
 def _toc_asset(release: Release, field: dict[str, Any], where: str) -> Artifact:
@@ -229,7 +250,7 @@ def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Relea
     repo, assets = found[0]
     checksums = {name: digest.removeprefix("sha256:") for name, digest in assets.items()}
     location = _as_location(mirror) if mirror else GITHUB_DOWNLOAD.format(repo=repo, tag=tag)
-    return Release(tag, target, location, checksums, {})
+    return Release(tag, target, location, checksums, {}, glibc=doc.get("glibc", {}).get(tag))
 
 
 def part_artifacts(release: Release, policy: RetryPolicy) -> list[Artifact]:
@@ -526,7 +547,8 @@ def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None
     launcher = staging / "bin" / "vllm-server"
     if not launcher.is_file() or not os.access(launcher, os.X_OK):
         raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
-    kept = {VERSION_FILE: release.tag.encode(), KEPT_TOC: toc, MARKER: release.tag.encode()}
+    glibc = release.glibc.encode() if release.glibc else None
+    kept = {VERSION_FILE: release.tag.encode(), KEPT_TOC: toc, GLIBC_FILE: glibc, MARKER: release.tag.encode()}
     for name, data in kept.items():
         (staging / name).unlink(missing_ok=True)  # never written through a link the archive put there
         if data is not None:

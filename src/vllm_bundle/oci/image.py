@@ -5,36 +5,28 @@ locks/image-base.json  the base resolved by the lock step: manifest digest, conf
 build/<target>/image/  oci/ (the image layout) and image.json (tag, digest, size, vLLM version, date)
 build/<target>/kserve/ the ServingRuntime and InferenceService for the image (see :mod:`vllm_bundle.oci.kserve`)
 
-The base is pinned like every other input: the lock names its manifest and blob digests; a build
-downloads those blobs into the verified cache (or finds them there) and never asks for a tag.
+The base is pinned like every other input, as every image the tool takes is (oci/pinned.py): the lock
+names its manifest and blob digests; a build downloads those blobs into the verified cache (or finds them
+there) and never asks for a tag.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.errors import (
-    ImageError,
-    LockError,
-    LockMissingError,
-    LockOutOfDateError,
-    OfflineMissingError,
-    RecipeError,
-    RegistryError,
-)
+from vllm_bundle.errors import RecipeError, RegistryError
 from vllm_bundle.manifests import dump_json, read_json
-from vllm_bundle.oci.layout import BaseImage, Descriptor, ImageSpec, LayerRule, iso_time, write_image
-from vllm_bundle.oci.registry import Reference, RegistryClient, mirrored, parse_document, platform_manifest
+from vllm_bundle.oci.layout import BaseImage, ImageSpec, LayerRule, iso_time, write_image
+from vllm_bundle.oci.pinned import ImageLock, Pin, fetch_image, read_lock
+from vllm_bundle.oci.registry import Reference
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.release.archive import archiver
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.util.cache import Cache
-from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import RetryPolicy
 
 STAGE_VERSION = 3  # 3: the stamp's details hold the whole image record
@@ -102,119 +94,24 @@ def _layers(doc: Table) -> list[tuple[str, Table]]:
 # -- the base image lock ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BaseLock:
-    reference: str  # as the recipe names it (a changed recipe makes the lock stale)
-    platform: Mapping[str, str]
-    index_digest: str | None
-    manifest: Descriptor
-    config: Descriptor
-    layers: tuple[Descriptor, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "platform": dict(self.platform),
-            "index_digest": self.index_digest,
-            "manifest": self.manifest.to_json(),
-            "config": self.config.to_json(),
-            "layers": [layer.to_json() for layer in self.layers],
-        }
+def base_pin(recipe: ImageRecipe) -> Pin:
+    return Pin(recipe.base, recipe.platform, BASE_LOCK, "the image base", "run `vllm-bundle lock --image`")
 
 
 def base_lock_path(locks_dir: Path) -> Path:
     return locks_dir / BASE_LOCK
 
 
-def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> BaseLock:
-    """The base lock, refusing a missing one or one made for another reference or platform. One with a
-    descriptor that is not one (a digest other than ``sha256:<64 hex>`` would name a file) is refused as a
-    hand-edited target lock is: a :class:`LockError` (exit 3), never silently replaced."""
-    path = base_lock_path(locks_dir)
-    if not path.exists():
-        raise LockMissingError(f"no lock for the image base at {path}", "run `vllm-bundle lock --image`")
-    try:
-        doc = json.loads(path.read_text())
-        lock = BaseLock(
-            reference=doc["reference"],
-            platform=doc["platform"],
-            index_digest=doc.get("index_digest"),
-            manifest=Descriptor.from_json(doc["manifest"]),
-            config=Descriptor.from_json(doc["config"]),
-            layers=tuple(Descriptor.from_json(layer) for layer in doc["layers"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise LockOutOfDateError(f"{path} is not a base image lock ({err})", "run `vllm-bundle lock --image`") from None
-    except ImageError as err:
-        raise LockError(
-            f"{path}: {err.message}", "run `vllm-bundle lock --image` instead of editing the lock by hand"
-        ) from None
-    if lock.reference != str(recipe.base) or dict(lock.platform) != dict(recipe.platform):
-        raise LockOutOfDateError(
-            f"the image base lock pins {lock.reference} ({'/'.join(lock.platform.values())}) but {RECIPE} names "
-            f"{recipe.base} ({'/'.join(recipe.platform.values())})",
-            "run `vllm-bundle lock --image`",
-        )
-    return lock
-
-
-def _manifest_blobs(data: bytes, what: str) -> tuple[Descriptor, tuple[Descriptor, ...]]:
-    manifest = parse_document(data, what)
-    try:
-        config = Descriptor.from_json(manifest["config"])
-        return config, tuple(Descriptor.from_json(layer) for layer in manifest.get("layers") or [])
-    except (KeyError, TypeError, ValueError):
-        raise RegistryError(f"{what} is not an image manifest (no config or layers)", "lock another base") from None
-
-
-def lock_base(recipe: ImageRecipe, locks_dir: Path, cache: Cache, mirror: str | None, policy: RetryPolicy) -> BaseLock:
-    """Resolve the recipe's base reference to its platform manifest and write the lock."""
-    reference, url = mirrored(recipe.base, mirror)
-    client = RegistryClient(url, policy)
-    data, media_type, digest, index = platform_manifest(
-        client, reference.repository, reference.reference, recipe.platform
-    )
-    config, layers = _manifest_blobs(data, str(recipe.base))
-    config_doc = parse_document(client.blob_bytes(reference.repository, config, cache), f"{recipe.base} config")
-    diff_ids = (config_doc.get("rootfs") or {}).get("diff_ids") or []
-    if len(diff_ids) != len(layers):
-        raise RegistryError(f"{recipe.base}: its config lists {len(diff_ids)} layers, its manifest {len(layers)}")
-    cache.store(data, f"the manifest of {recipe.base}")
-    lock = BaseLock(str(recipe.base), recipe.platform, index, Descriptor(media_type, digest, len(data)), config, layers)
-    locks_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(base_lock_path(locks_dir), dump_json(lock.to_json()))
-    return lock
+def read_base_lock(locks_dir: Path, recipe: ImageRecipe) -> ImageLock:
+    """The base lock (:func:`vllm_bundle.oci.pinned.read_lock`)."""
+    return read_lock(locks_dir, base_pin(recipe))
 
 
 def fetch_base(
-    recipe: ImageRecipe, lock: BaseLock, cache: Cache, mirror: str | None, policy: RetryPolicy, offline: bool
+    recipe: ImageRecipe, lock: ImageLock, cache: Cache, mirror: str | None, policy: RetryPolicy, offline: bool
 ) -> BaseImage:
-    """The base's manifest, config and layers from the cache, downloading by digest what it lacks. The
-    manifest is checked to list exactly the locked config and layers (a lock edited by hand is refused)."""
-    blobs = [lock.manifest, lock.config, *lock.layers]
-    missing = [blob for blob in blobs if not cache.has(blob.digest.removeprefix("sha256:"), blob.size)]
-    if missing and offline:
-        raise OfflineMissingError(
-            f"--offline: {len(missing)} blobs of the image base {lock.reference} are not in the cache",
-            "run once without --offline",
-        )
-    reference, url = mirrored(recipe.base, mirror)
-    client = RegistryClient(url, policy)
-    manifest_path = cache.blob(lock.manifest.digest.removeprefix("sha256:"))
-    if lock.manifest in missing:
-        data, _, _ = client.manifest(reference.repository, lock.manifest.digest)  # verified against the digest
-        cache.store(data, f"the manifest of {lock.reference}")
-    config, layers = _manifest_blobs(manifest_path.read_bytes(), lock.reference)
-    if (config.digest, [layer.digest for layer in layers]) != (lock.config.digest, [x.digest for x in lock.layers]):
-        raise LockOutOfDateError(
-            f"the image base lock does not list the blobs of the manifest {lock.manifest.digest} it pins",
-            "run `vllm-bundle lock --image` (was the lock edited by hand?)",
-        )
-    paths = {blob.digest: client.blob_into(reference.repository, blob, cache) for blob in blobs[1:]}
-    config_doc = parse_document(paths[lock.config.digest].read_bytes(), f"{lock.reference} config")
-    return BaseImage(
-        lock.reference, lock.manifest.digest, config_doc, [(layer, paths[layer.digest]) for layer in lock.layers]
-    )
+    """The base's manifest, config and layers from the cache, downloading by digest what it lacks."""
+    return fetch_image(base_pin(recipe), lock, cache, mirror, policy, offline)
 
 
 # -- the stage ----------------------------------------------------------------------------------

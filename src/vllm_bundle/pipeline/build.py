@@ -1,7 +1,9 @@
 """``bundle``: the whole pipeline for one target, stage by stage (DESIGN.md's flow).
 
-    lock (checked) -> fetch -> python -> site -> vllm-src -> vllm-wheel -> app -> root -> qualify
-    -> release -> image (with --image)
+    lock (checked) -> fetch -> python -> site -> vllm-src -> builder -> vllm-wheel -> app -> root
+    -> qualify -> release -> image (with --image)
+
+``builder`` unpacks the pinned builder image vLLM is compiled in (none with --no-builder: this machine).
 
 Each stage is cached under build/<target>/ by the hash of its declared inputs; an unchanged stage
 is skipped and a changed input redoes only the stages that depend on it. ``--force STAGE`` redoes one.
@@ -28,6 +30,7 @@ from vllm_bundle.qualify.tier0 import REPORT, failure_message, load_rules, quali
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.release.assets import ReleaseOptions, release_stage, source_date
 from vllm_bundle.tree.assemble import Layout, app_stage, root_stage, site_stage
+from vllm_bundle.tree.builder import DEFAULT_COMPILERS, Builder, ImageFiles, rootfs_stage
 from vllm_bundle.tree.launcher import runtime_files, template_text
 from vllm_bundle.tree.prune import load_prune_rules
 from vllm_bundle.tree.python_stage import python_stage
@@ -70,11 +73,22 @@ class ImageOptions:
 
 
 @dataclass(frozen=True)
+class BuilderOptions:
+    """The builder image vLLM is compiled in, as fetched (``image``), and where its root file system is
+    unpacked (``rootfs``: in the download cache, by the image's digest)."""
+
+    image: ImageFiles
+    rootfs: Path
+
+
+@dataclass(frozen=True)
 class BuildOptions:
     """What the command line asks of a build beyond its inputs. ``release=None`` stops at the bundle tree
     (no archive); ``image`` (which needs ``release``) adds the OCI image stage; ``python_only`` builds vLLM
     without its native code (asked for explicitly, recorded in the launcher and release.json);
-    ``warn_only`` lets a bundle that fails tier 0 go on to its release."""
+    ``warn_only`` lets a bundle that fails tier 0 go on to its release. vLLM is compiled in ``builder``,
+    with its host ``compilers``; with ``no_builder`` (asked for explicitly, recorded in release.json) on
+    this machine instead."""
 
     force: frozenset[str] = frozenset()
     release: ReleaseOptions | None = None
@@ -82,6 +96,9 @@ class BuildOptions:
     warn_only: bool = False
     image: ImageOptions | None = None
     python_only: bool = False
+    builder: BuilderOptions | None = None
+    no_builder: bool = False
+    compilers: tuple[str, str] = DEFAULT_COMPILERS
 
 
 @dataclass
@@ -183,8 +200,24 @@ def _vllm_source(b: Build) -> StageResult:
     )
 
 
+def _builder(b: Build) -> StageResult:
+    options = b.options.builder
+    assert options is not None
+    return rootfs_stage(options.image, options.rootfs, b.forced("builder"))
+
+
+def _where_vllm_builds(b: Build) -> Builder:
+    """The builder stage's image, or this machine when --no-builder asked for it; neither is refused."""
+    if b.options.builder is not None:
+        return Builder.image(b.results["builder"], b.options.builder.image, b.options.compilers)
+    if not b.options.no_builder:
+        raise UsageError("no builder image to compile vLLM in", "lock it (`vllm-bundle lock`), or pass --no-builder")
+    return Builder(compilers=b.options.compilers)
+
+
 def _vllm_wheel(b: Build) -> StageResult:
-    """Build vLLM from the patched source with the bundle's own interpreter, or take the prebuilt wheel."""
+    """Build vLLM from the patched source with the bundle's own interpreter, in the builder, or take the
+    prebuilt wheel."""
     if not _builds_vllm(b):
         (artifact,) = [w for w in b.wheels if w.name == "vllm"]
         (named,) = named_wheels([artifact], b.fetched, b.base / ".wheels")
@@ -208,7 +241,7 @@ def _vllm_wheel(b: Build) -> StageResult:
         b.target,
         b.results["vllm-src"],
         b.lock.versions["vllm"],
-        WheelBuild(layout.python, b.lock.source_date_epoch, rocm, build_group, layout.site),
+        WheelBuild(layout.python, b.lock.source_date_epoch, rocm, build_group, layout.site, _where_vllm_builds(b)),
         b.base / "vllm-wheel",
         b.base / "logs" / "vllm-wheel.log",
         b.forced("vllm-wheel"),
@@ -277,6 +310,7 @@ def _release(b: Build) -> StageResult:
         options=b.options.release,
         tier0={check.name: check.passed for check in report.checks},
         vllm_build=_vllm_build_record(vllm),
+        floor={**(report.floor or {}), "claimed": b.recipes.python.platform} if report.floor else None,
         force=b.forced("release"),
     )
 
@@ -306,6 +340,7 @@ STAGES = (
     Stage("python", _python),
     Stage("site", _site),
     Stage("vllm-src", _vllm_source, runs=_builds_vllm),
+    Stage("builder", _builder, runs=lambda b: _builds_vllm(b) and b.options.builder is not None),
     Stage("vllm-wheel", _vllm_wheel),
     Stage("app", _app),
     Stage("root", _root),
@@ -342,7 +377,9 @@ def build_bundle(
         check_repo(options.release.repo)  # before any stage runs, not after an hour of building
     minor, platform = recipes.python.minor, recipes.python.platform
     wheels, build_group = wheel_artifacts(pylock, minor, platform), build_only(pylock, minor, platform)
-    run = BundleRun(target.name, channel.name, build_root / target.name)
+    # Absolute: the default --build-dir is relative, and what the stages write names it (links, the build's
+    # environment, the builder's mounts), read from other directories.
+    run = BundleRun(target.name, channel.name, build_root.absolute() / target.name)
 
     began = time.monotonic()
     missing = fetcher.missing([*lock.artifacts, *wheels, *build_group])
@@ -369,13 +406,21 @@ def build_bundle(
 
 
 def _vllm_build_record(vllm: StageResult) -> dict[str, object]:
-    """How vLLM was built, for release.json: its device and, for ROCm, the ISAs of each extension."""
+    """How vLLM was built, for release.json: its device, where (the builder) and, for ROCm, the ISAs of
+    each extension."""
     record: dict[str, object] = {"device": vllm.details.get("device")}
     if "extensions" in vllm.details:
         record["isas"] = vllm.details.get("isas")
         record["extensions"] = vllm.details["extensions"]
+    if "builder" in vllm.details:
+        record["builder"] = vllm.details["builder"]
+    notes = []
     if vllm.details.get("device") == "python-only":
-        record["note"] = "built Python-only on request (--python-only-vllm): no GPU kernels of its own"
+        notes.append("built Python-only on request (--python-only-vllm): no GPU kernels of its own")
+    if (vllm.details.get("builder") or {}).get("host"):
+        notes.append("compiled on the build machine on request (--no-builder), not in the pinned builder image")
+    if notes:
+        record["note"] = "; ".join(notes)
     return record
 
 

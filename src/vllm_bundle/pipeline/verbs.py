@@ -27,23 +27,26 @@ from vllm_bundle.inputs.lockfile import BUILD_GROUP, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
 from vllm_bundle.manifests import ReleaseAssets, check_repo, dump_json, merge_backend_versions, read_backend_versions
+from vllm_bundle.oci.builder import BuilderRecipe, image_files, load_builder_recipe
 from vllm_bundle.oci.image import (
     LAYOUT,
     ImageRecipe,
     base_lock_path,
+    base_pin,
     fetch_base,
     image_reference,
     load_image_recipe,
-    lock_base,
     read_base_lock,
     read_image_record,
     revision,
 )
 from vllm_bundle.oci.kserve import check_target, render_kserve
 from vllm_bundle.oci.layout import MANIFEST, Descriptor
+from vllm_bundle.oci.pinned import Pin, fetch_image, lock_image, read_lock
 from vllm_bundle.oci.registry import CYCLONEDX, Reference, RegistryClient, mirrored, push_layout, push_referrer
 from vllm_bundle.paths import default_facts
 from vllm_bundle.pipeline.build import (
+    BuilderOptions,
     BuildOptions,
     ImageOptions,
     build_bundle,
@@ -90,12 +93,14 @@ def cmd_lock(args: argparse.Namespace) -> int:
     targets = [recipes.target(name).name for name in args.targets]
     if args.check:
         return _check_locks(recipes, args, targets)
-    if not targets and not args.image:
-        raise UsageError("lock needs a target (or --image)", f"valid targets: {', '.join(recipes.targets)}")
+    if not targets and not args.image and not args.builder:
+        raise UsageError("lock needs a target (or --image, --builder)", f"valid targets: {', '.join(recipes.targets)}")
     for target in targets:
         print(_make_lock(recipes, args, target))
+    if args.builder:
+        print(_lock_image(args, load_builder_recipe(args.recipes).pin))
     if args.image:
-        print(_lock_image_base(args, load_image_recipe(args.recipes)))
+        print(_lock_image(args, base_pin(load_image_recipe(args.recipes))))
     return 0
 
 
@@ -137,11 +142,15 @@ def _check_locks(recipes: Recipes, args: argparse.Namespace, targets: list[str])
             for path in sorted(locks.glob("*/*.toml"))
             if not path.name.startswith("pylock.")
         ]
-        if not pairs and not args.image:
+        if not pairs and not args.image and not args.builder:
             raise LockError(f"no locks under {locks}", "run `nox -s lock -- <target>` where upstream is reachable")
     for target, channel in pairs:
         check_lock(recipes, target, channel, locks)
         print(f"ok     {channel.name}/{target.name}: lock matches its recipe")
+    builder = load_builder_recipe(args.recipes)
+    if args.builder or (locks / builder.pin.lock_file).exists():
+        pinned = read_lock(locks, builder.pin)
+        print(f"ok     builder image {pinned.reference}: lock matches its recipe ({pinned.manifest.digest})")
     if args.image or base_lock_path(locks).exists():
         lock = read_base_lock(locks, load_image_recipe(args.recipes))
         print(f"ok     image base {lock.reference}: lock matches its recipe ({lock.manifest.digest})")
@@ -231,7 +240,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 def cmd_vllm_wheel(args: argparse.Namespace) -> int:
     recipes = recipes_of(args)
     target = recipes.target(args.target)
-    base = args.build_dir / args.target
+    base = args.build_dir.absolute() / args.target  # as `bundle`'s (pipeline/build.py build_bundle)
     with exclusive(base, say):
         return _standalone_wheel(args, recipes, target, base)
 
@@ -302,10 +311,51 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         )
         check_repo(release.repo)
     _lock_if_needed(recipes, args)
-    image_recipe = _image_recipe_locked(args) if wants_image else None
+    builder_recipe = load_builder_recipe(args.recipes)
+    in_builder = _compiles_vllm(recipes, args) and not args.no_builder
+    if in_builder:
+        _lock_image_if_needed(args, builder_recipe.pin)
+    image_recipe = load_image_recipe(args.recipes) if wants_image else None
+    if image_recipe is not None:
+        _lock_image_if_needed(args, base_pin(image_recipe))
     with exclusive(args.build_dir / args.target, say):
+        builder = _builder_options(args, builder_recipe) if in_builder else None
         image = _image_options(args, image_recipe) if image_recipe is not None else None
-        return _build(recipes, args, release, image)
+        return _build(recipes, args, release, image, builder, builder_recipe.compilers)
+
+
+def _compiles_vllm(recipes: Recipes, args: argparse.Namespace) -> bool:
+    """The lock pins vLLM's source release, which the build compiles (else a prebuilt wheel is taken)."""
+    lock, _ = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    return "vllm-sdist" in lock.roles
+
+
+def _lock_image_if_needed(args: argparse.Namespace, pin: Pin) -> None:
+    """An image's lock (the builder's, the image base's), made first when it is missing or stale, as a
+    target's is; refused instead with --locked, and with --offline (locking asks the registry)."""
+    try:
+        read_lock(locks_dir(args), pin)
+    except (LockMissingError, LockOutOfDateError) as err:
+        if args.locked:
+            raise
+        if args.offline:
+            raise type(err)(f"--offline: {err.message}", err.hint) from None
+        print(f"lock   {err.message}: locking {pin.what} first (--locked refuses instead)")
+        print(_lock_image(args, pin), flush=True)
+
+
+def _lock_image(args: argparse.Namespace, pin: Pin) -> str:
+    lock = lock_image(pin, locks_dir(args), cache_of(args), args.registry_mirror, policy_of(args))
+    what = pin.what.removeprefix("the ")
+    return f"locked {what} {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
+
+
+def _builder_options(args: argparse.Namespace, recipe: BuilderRecipe) -> BuilderOptions:
+    """The builder image's blobs, downloaded by digest into the cache where missing, and where its root
+    file system is unpacked (the builder stage)."""
+    lock, cache = read_lock(locks_dir(args), recipe.pin), cache_of(args)
+    image = fetch_image(recipe.pin, lock, cache, args.registry_mirror, policy_of(args), args.offline)
+    return BuilderOptions(image_files(image), cache.rootfs(lock.manifest.digest.removeprefix("sha256:")))
 
 
 def check_push(destination: str) -> Reference:
@@ -336,24 +386,6 @@ def check_release_dirs(build_dir: Path, target: str, bundles_dir: Path) -> None:
         )
 
 
-def _image_recipe_locked(args: argparse.Namespace) -> ImageRecipe:
-    """The image recipe, its base locked first when the lock is missing or stale (unless --locked)."""
-    recipe = load_image_recipe(args.recipes)
-    try:
-        read_base_lock(locks_dir(args), recipe)
-    except (LockMissingError, LockOutOfDateError) as err:
-        if args.locked:
-            raise
-        print(f"lock   {err.message}: locking the image base first (--locked refuses instead)")
-        print(_lock_image_base(args, recipe), flush=True)
-    return recipe
-
-
-def _lock_image_base(args: argparse.Namespace, recipe: ImageRecipe) -> str:
-    lock = lock_base(recipe, locks_dir(args), cache_of(args), args.registry_mirror, policy_of(args))
-    return f"locked image base {lock.reference}: {lock.manifest.digest} ({len(lock.layers)} layers)"
-
-
 def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOptions:
     lock = read_base_lock(locks_dir(args), recipe)
     base = fetch_base(recipe, lock, cache_of(args), args.registry_mirror, policy_of(args), args.offline)
@@ -361,12 +393,25 @@ def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOption
 
 
 def _build(
-    recipes: Recipes, args: argparse.Namespace, release: ReleaseOptions | None, image: ImageOptions | None = None
+    recipes: Recipes,
+    args: argparse.Namespace,
+    release: ReleaseOptions | None,
+    image: ImageOptions | None,
+    builder: BuilderOptions | None,
+    compilers: tuple[str, str],
 ) -> int:
     starting, finished = stage_printer(args)
     with fetcher_of(args, None, args.mirror) as fetcher:
         options = BuildOptions(
-            frozenset(args.force_stage), release, args.bundles_dir, args.warn_only, image, args.python_only_vllm
+            frozenset(args.force_stage),
+            release,
+            args.bundles_dir,
+            args.warn_only,
+            image,
+            args.python_only_vllm,
+            builder,
+            args.no_builder,
+            compilers,
         )
         target, channel = recipes.target(args.target), recipes.channel(args.channel)
         run = build_bundle(

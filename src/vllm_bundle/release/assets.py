@@ -4,9 +4,10 @@
 <tag>-x64.partcount             MM (also for a single part)
 <tag>-x64.toc.json.gz           the archive's table of contents: each file's chunks, where they are
 <tag>-x64.cdx.json              CycloneDX 1.6 SBOM
-release.json                    tag, target, channel, versions, lock hash, source date, archive, parts,
-                                qualification (tier 0 here; GPU tiers merged later)
-backend_versions.json           Lemonade's pin + checksums of every part
+release.json                    tag, target, channel, versions, how vLLM was built (and where), lock hash,
+                                source date, archive, parts, qualification (tier 0 here; GPU tiers merged
+                                later), the floor (the oldest glibc the bundle runs on, as tier 0 measured)
+backend_versions.json           Lemonade's pin + checksums of every part, and the tag's glibc floor
 SHA256SUMS                      of every other file here
 """
 
@@ -41,7 +42,7 @@ from vllm_bundle.release.archive import archiver, write_archive
 from vllm_bundle.tree.assemble import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 6  # 6: the archive in chunked gzip members, with its TOC; 5: the SBOM is CycloneDX 1.6
+STAGE_VERSION = 7  # 7: the floor; 6: the archive in chunked gzip members, with its TOC; 5: CycloneDX 1.6
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 SOURCE_DATE_ENV = "SOURCE_DATE_EPOCH"
 #: 9999-12-31T23:59:59Z: the latest second the outputs carry (the SBOM's and the image's timestamps are
@@ -113,12 +114,15 @@ def release_stage(
     options: ReleaseOptions,
     tier0: Mapping[str, bool],
     vllm_build: Mapping[str, Any] | None = None,
+    floor: Mapping[str, Any] | None = None,
     force: bool = False,
 ) -> StageResult:
     """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part.
     ``tier0`` maps each tier 0 check to whether it passed (recorded in release.json; GPU tiers add
     theirs later, see :mod:`vllm_bundle.qualify.gpu`); ``vllm_build`` says how vLLM was built (its
-    device; for ROCm, the ISAs each extension carries code for)."""
+    device and builder; for ROCm, the ISAs each extension carries code for); ``floor`` is the oldest system
+    the tree runs on as tier 0 measured it (the platform claimed beside it), recorded in release.json and
+    backend_versions.json, where installers check it."""
     tag = release_tag(vllm_version, lock.versions["rocm"], target)
     assets = ReleaseAssets(tag)
     date = source_date(lock, options.source_date)
@@ -136,7 +140,9 @@ def release_stage(
         "archiver": archiver(),
         "sbom": sbom_writer(),
         "vllm_build": dict(vllm_build or {}),
+        "floor": dict(floor or {}),
     }
+    glibc = (floor or {}).get("glibc")
 
     def build(tmp: Path) -> Mapping[str, Any]:
         parts, size, digest, toc = write_archive(
@@ -171,10 +177,11 @@ def release_stage(
                 "toc": {"name": assets.toc, "size": len(toc), "sha256": hashlib.sha256(toc).hexdigest()},
             },
             "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
-        }
+        } | ({"floor": dict(floor)} if floor else {})
         (tmp / RELEASE_JSON).write_bytes(dump_json(release))
         checksums = {p.path.name: p.sha256 for p in parts}
-        (tmp / BACKEND_VERSIONS).write_bytes(dump_json(backend_versions(tag, target, options.repo, checksums)))
+        pins = backend_versions(tag, target, options.repo, checksums, glibc)
+        (tmp / BACKEND_VERSIONS).write_bytes(dump_json(pins))
         write_sha256sums(tmp)
         for asset in tmp.iterdir():  # the same modes whatever the umask
             asset.chmod(0o644)

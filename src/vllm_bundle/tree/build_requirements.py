@@ -7,15 +7,14 @@ for a CMake step, as a configure error), after minutes. These checks read the so
   ``use_existing_torch.py`` says), each installed where the build's interpreter looks (the build group
   in scratch, then the site stage) in a version the requirement allows;
 - the programs its CMake runs by name from PATH: GNU ``patch`` (vllm-0.33.0 CMakeLists.txt:409-441
-  patches a torch 2.13 header with it).
+  patches a torch 2.13 header with it), which the builder must have (tree/builder.py checks it there).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
@@ -26,9 +25,8 @@ from packaging.version import InvalidVersion, Version
 from vllm_bundle.errors import BuildError
 from vllm_bundle.inputs.sdist_requirements import TORCH_FAMILY
 
-#: Programs vLLM's CMake code runs by name (``execute_process(COMMAND <name> ...)``), with the package that
-#: brings them on Debian and Ubuntu.
-CMAKE_PROGRAMS = {"patch": "patch"}
+#: Programs vLLM's CMake code may run by name (``execute_process(COMMAND <name> ...)``).
+CMAKE_PROGRAMS = ("patch",)
 
 
 def build_system_requires(source: Path) -> list[Requirement]:
@@ -64,9 +62,8 @@ def _satisfied(requirement: Requirement, version: str | None) -> bool:
         return False
 
 
-def require_build_tools(source: Path, sites: Sequence[Path], env: Mapping[str, str], *, runs_cmake: bool) -> None:
-    """Fail in one line, before the build, when a tool vLLM's build needs is missing or too old (the
-    programs its CMake runs only where it runs CMake: not in a Python-only build)."""
+def require_build_tools(source: Path, sites: Sequence[Path]) -> None:
+    """Fail in one line, before the build, when a Python build tool vLLM's build needs is missing or too old."""
     installed = _installed(sites)
     for requirement in build_system_requires(source):
         if requirement.marker is not None and not requirement.marker.evaluate():
@@ -79,11 +76,10 @@ def require_build_tools(source: Path, sites: Sequence[Path], env: Mapping[str, s
                 "re-lock: the build group comes from vLLM's requirements/build/rocm.txt "
                 "(vllm.build-requirement-files in recipes/components.toml)",
             )
+
+
+def cmake_programs(source: Path) -> list[str]:
+    """The programs of CMAKE_PROGRAMS that the source's CMakeLists.txt runs."""
     lists = source / "CMakeLists.txt"
-    text = lists.read_text(errors="replace") if runs_cmake and lists.is_file() else ""
-    for program, package in CMAKE_PROGRAMS.items():
-        if re.search(rf"COMMAND\s+{re.escape(program)}\b", text) and not shutil.which(program, path=env.get("PATH")):
-            raise BuildError(
-                f"vLLM's CMakeLists.txt runs `{program}`, which is not on the build's PATH",
-                f"install it (apt-get install {package}) on the build machine",
-            )
+    text = lists.read_text(errors="replace") if lists.is_file() else ""
+    return [program for program in CMAKE_PROGRAMS if re.search(rf"COMMAND\s+{re.escape(program)}\b", text)]

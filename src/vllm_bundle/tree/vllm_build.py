@@ -16,14 +16,18 @@ A ROCm build runs in scratch space beside the stage (removed afterwards; never a
     .vllm-wheel.build/triton-kernels/   the locked triton_kernels source (TRITON_KERNELS_SRC_DIR)
     .vllm-wheel.build/src/     a copy of the patched source, torch pins removed, built in place
 
-It uses the site stage's interpreter (torch and the SDK's core as the bundle has them) with the build
-group first on ``PYTHONPATH``, never ``rocm-sdk path`` or ``init`` (they expand the devel tarball into the
-interpreter's own site-packages and append to other wheels' RECORD files). The environment holds only
-what this module sets (no variable of the builder's leaks in), no network (dead proxies, no index,
-FetchContent disconnected), no compiler launcher and prefix maps (the same bytes on every builder). What
-vLLM's build asks for is checked before it runs (build_requirements.py: its build-system requires, the
-programs its CMake runs), and the wheel is checked before the stage is stamped: every extension this
-vLLM version builds for ROCm, with code objects for every ISA of the target in each HIP one.
+Every command of the build runs in the builder (tree/builder.py): the pinned builder image, under
+bubblewrap, or this machine on request. Host C and C++ are compiled with the builder's GCC, HIP with the
+SDK's clang, as TheRock and vLLM's own image do. It uses the site stage's interpreter (torch and the SDK's
+core as the bundle has them) with the build group first on ``PYTHONPATH``, never ``rocm-sdk path`` or
+``init`` (they expand the devel tarball into the interpreter's own site-packages and append to other wheels'
+RECORD files). The environment holds only what this module sets over the builder image's own (no variable
+of the machine that runs the tool leaks in), no network (dead proxies, no index, FetchContent
+disconnected), no compiler launcher and prefix maps (the same bytes on every builder). What vLLM's build
+asks for is checked before it runs (build_requirements.py: its build-system requires; the builder's probe:
+GCC with libstdc++'s headers, GNU patch), and the wheel is checked before the stage is stamped: every
+extension this vLLM version builds for ROCm, with code objects for every ISA of the target in each HIP
+one, and search paths relative to the extension.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +51,21 @@ from vllm_bundle.inputs.triton_kernels import extract_package
 from vllm_bundle.recipes import ExtensionRule, Target
 from vllm_bundle.tree.assemble import install_into
 from vllm_bundle.tree.build_log import first_error, summary
-from vllm_bundle.tree.build_requirements import require_build_tools
+from vllm_bundle.tree.build_requirements import cmake_programs, require_build_tools
+from vllm_bundle.tree.builder import Builder, Tools
 from vllm_bundle.tree.relocate import files_mentioning
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.tree.vllm_extensions import extension_problems, find_in_wheel
+from vllm_bundle.util.elf import dynamic_info
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fetch import require_sha256
 from vllm_bundle.util.fsutil import link_or_copy
 
 #: Part of the vllm-wheel stage's key: raised whenever the build itself changes (its environment, CMake's
 #: arguments, what goes into scratch), so a stage an older vllm-bundle built is built again. 3: the
-#: libraries' link (CMAKE_BUILD_WITH_INSTALL_RPATH), the build group in a Python-only build.
-STAGE_VERSION = 3
+#: libraries' link (CMAKE_BUILD_WITH_INSTALL_RPATH), the build group in a Python-only build. 4: in the
+#: builder, host C++ with its GCC, no driver-added RUNPATH.
+STAGE_VERSION = 4
 LOG_TAIL_LINES = 40
 #: A vLLM HIP/C++ compile job peaks at roughly 4 GiB of memory; more jobs than memory allows swaps or
 #: gets OOM-killed, so MAX_JOBS is the smaller of the cores and the memory in 4 GiB units.
@@ -131,15 +138,17 @@ class RocmInputs:
 class WheelBuild:
     """One wheel build: the interpreter, the source date, the ROCm inputs (None: Python-only), and the
     lock's build group (wheel file -> sha256) installed into scratch for it, with the site stage's
-    site-packages it is checked against. vLLM's setup.py imports setuptools-scm and setuptools-rust
-    whatever the device, so a Python-only build takes the build group too (without the SDK's devel
-    part). A standalone Python-only build with an interpreter of the user's has neither."""
+    site-packages it is checked against; ``builder``: where its commands run (default: this machine).
+    vLLM's setup.py imports setuptools-scm and setuptools-rust whatever the device, so a Python-only build
+    takes the build group too (without the SDK's devel part). A standalone Python-only build with an
+    interpreter of the user's has neither."""
 
     python: Path
     source_date: int
     rocm: RocmInputs | None
     build_wheels: Mapping[Path, str] = field(default_factory=dict)
     site_packages: Path | None = None
+    builder: Builder = field(default_factory=Builder)
 
 
 # -- the SDK's devel tree in scratch --------------------------------------------------------------------
@@ -171,6 +180,7 @@ def expand_devel(site: Path, core: Path) -> Path:
             "the ROCm SDK's devel part is missing: no rocm_sdk_devel/_devel.tar in the lock's build group",
             "re-lock; the channel's sdk-build-wheels must name rocm-sdk-devel",
         )
+    core = core.absolute()  # a link's text is read from where the link lies: never a path relative to here
     (site / CORE).symlink_to(core, target_is_directory=True)
     for libraries in sorted(core.parent.glob(f"{LIBRARIES}*")):
         if libraries.is_dir():
@@ -273,15 +283,19 @@ def prefix_maps(root: Path) -> list[str]:
     return [shlex.quote(f"-ffile-prefix-map={variant}={MAPPED_PREFIX}") for variant in build_roots(root)]
 
 
-def base_environment(scratch: Path, bin_dirs: Sequence[Path], source_date: int, jobs: int) -> dict[str, str]:
-    """What every build gets, whatever the device: a fresh HOME, TMPDIR and byte-code cache in scratch,
-    the tools of ``bin_dirs`` before the builder's PATH, a fixed locale and time zone, the source date, no
-    network."""
+def base_environment(
+    scratch: Path, bin_dirs: Sequence[Path], source_date: int, jobs: int, builder: Builder | None = None
+) -> dict[str, str]:
+    """What every build gets, whatever the device: the builder image's environment, with over it a fresh
+    HOME, TMPDIR and byte-code cache in scratch, the tools of ``bin_dirs`` before the builder's own PATH
+    (the image's; this machine's only with --no-builder), a fixed locale and time zone, the source date,
+    no network."""
+    builder = builder or Builder()
     home, tmp = scratch / "home", scratch / "tmp"
     home.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
-    path = os.pathsep.join([*map(str, bin_dirs), os.environ.get("PATH", os.defpath)])
-    env = {
+    path = os.pathsep.join([*map(str, bin_dirs), *builder.path()])
+    env = builder.environment() | {
         "PATH": path,
         "HOME": str(home),
         "TMPDIR": str(tmp),
@@ -310,13 +324,23 @@ def base_environment(scratch: Path, bin_dirs: Sequence[Path], source_date: int, 
     return env
 
 
+#: Link flags of the HIP compiler: TheRock's rocm.cfg, which every clang of the SDK reads, holds
+#: ``-frtlib-add-rpath`` (ROCm/TheRock@89553ce base/aux-overlay/CMakeLists.txt:106-126), with which clang adds
+#: ``-rpath <ROCm root>/lib`` to a link with ``--hip-link`` (clang/lib/Driver/ToolChains/Linux.cpp
+#: AddHIPRuntimeLibArgs), and CMake links every HIP target with it (ROCm/HIP hip-lang-config.cmake.in:104):
+#: each extension would carry a RUNPATH into the build's scratch. The command line comes after the
+#: configuration file, so this wins; the extensions keep the $ORIGIN-relative RUNPATH CMake gives them.
+HIP_LINK_FLAGS = ("-fno-rtlib-add-rpath",)
+
+
 def rocm_environment(
-    target: Target, devel: Path, core: Path, rocm: RocmInputs, kernels: Path | None, root: Path
+    target: Target, devel: Path, core: Path, rocm: RocmInputs, kernels: Path | None, root: Path, tools: Tools
 ) -> dict[str, str]:
     """The variables of a ROCm build (vLLM's docker/Dockerfile.rocm_base names the same for TheRock's
-    SDK): the devel tree as ROCm root, the SDK's compilers, the device libraries of core, the target's
-    ISAs, no ccache/sccache but the CUID launcher, FetchContent disconnected, and prefix maps."""
-    clang, clangxx = compilers(devel)
+    SDK): the devel tree as ROCm root, the builder's GCC for host C and C++ (``tools``: as its probe found
+    them) and the SDK's clang for HIP, the device libraries of core, the target's ISAs, no ccache/sccache but
+    the CUID launcher, FetchContent disconnected, and prefix maps."""
+    _, clangxx = compilers(devel)
     maps = " ".join(prefix_maps(root))
     roots = build_roots(root)
     env = {
@@ -327,14 +351,14 @@ def rocm_environment(
         "HIP_PATH": str(devel),
         "HIP_CLANG_PATH": str(clangxx.parent),
         "HIP_DEVICE_LIB_PATH": str(core / "lib" / "llvm" / "amdgcn" / "bitcode"),
-        "CC": str(clang),
-        "CXX": str(clangxx),
+        "CC": tools.cc,
+        "CXX": tools.cxx,
         "HIPCXX": str(clangxx),
         "CMAKE_PREFIX_PATH": str(devel / "lib" / "cmake"),
         "CMAKE_BUILD_TYPE": rocm.cmake_build_type,
         "CFLAGS": maps,
         "CXXFLAGS": maps,
-        "HIPFLAGS": maps,
+        "HIPFLAGS": " ".join([maps, *HIP_LINK_FLAGS]),
         "VLLM_BUNDLE_BUILD_ROOT": roots[0],
         "VLLM_BUNDLE_BUILD_ROOT_REAL": roots[-1],
         "VLLM_DISABLE_SCCACHE": "1",
@@ -370,12 +394,20 @@ def write_shims(bin_dir: Path) -> None:
 # -- the build ---------------------------------------------------------------------------------------
 
 
-def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -> int:
+#: A command of the build as the builder runs it (Builder.command with the stage's mounts).
+InBuilder = Callable[[Sequence[str], Path], list[str]]
+
+
+def on_this_machine(command: Sequence[str], cwd: Path) -> list[str]:
+    return list(command)
+
+
+def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path, run_in: InBuilder) -> int:
     with log.open("a") as handle:
         handle.write(f"\n$ {' '.join(command)}\n")
         handle.flush()
         result = subprocess.run(
-            list(command),
+            run_in(command, cwd),
             cwd=cwd,
             env=dict(env),
             stdout=handle,
@@ -386,11 +418,13 @@ def _run(command: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -
     return result.returncode
 
 
-def remove_torch_pins(source: Path, python: Path, env: Mapping[str, str], log: Path) -> None:
+def remove_torch_pins(
+    source: Path, python: Path, env: Mapping[str, str], log: Path, run_in: InBuilder = on_this_machine
+) -> None:
     """vLLM's own ``tools/use_existing_torch.py`` where the release has it, else the same filter here."""
     script = source / "tools" / "use_existing_torch.py"
     if script.is_file():
-        if _run([str(python), str(script)], source, env, log) != 0:
+        if _run([str(python), str(script)], source, env, log, run_in) != 0:
             raise BuildError(f"vLLM's tools/use_existing_torch.py failed; the log is {log}")
         return
     with log.open("a") as handle:
@@ -398,18 +432,28 @@ def remove_torch_pins(source: Path, python: Path, env: Mapping[str, str], log: P
             handle.write(f">>> removed {line}\n")
 
 
-def build_wheel(source: Path, python: Path, env: Mapping[str, str], scratch: Path, wheel_dir: Path, log: Path) -> Path:
-    """Build the wheel from a copy of ``source`` in ``scratch``; the whole log goes to ``log``."""
+def build_wheel(
+    source: Path,
+    python: Path,
+    env: Mapping[str, str],
+    scratch: Path,
+    wheel_dir: Path,
+    log: Path,
+    run_in: InBuilder = on_this_machine,
+    builder: str = "this machine",
+) -> Path:
+    """Build the wheel from a copy of ``source`` in ``scratch``, each command run ``run_in`` the builder
+    (named ``builder`` in the log); the whole log goes to ``log``."""
     work = scratch / "src"
     shutil.copytree(source, work, symlinks=True)
     shown = {k: v for k, v in sorted(env.items()) if k != "PATH"}
-    log.write_text(f"# vLLM wheel build\n# PATH={env.get('PATH')}\n# environment: {shown}\n")
-    remove_torch_pins(work, python, env, log)
+    log.write_text(f"# vLLM wheel build in {builder}\n# PATH={env.get('PATH')}\n# environment: {shown}\n")
+    remove_torch_pins(work, python, env, log, run_in)
     # uv (this tool's own, the build extra) drives setuptools in ``python``: no pip needed there, no
     # index, no cache, no uv.toml or [tool.uv] of the builder's or vLLM's.
     command = [uv.find_uv_bin(), "build", "--no-build-isolation", "--no-config", "--offline", "--no-cache"]
     command += ["--wheel", "--python", str(python), "--out-dir", str(wheel_dir), "."]
-    returncode = _run(command, work, env, log)
+    returncode = _run(command, work, env, log, run_in)
     wheels = sorted(wheel_dir.glob("vllm-*.whl"))
     if returncode != 0 or len(wheels) != 1:
         text = log.read_text(errors="replace")
@@ -425,13 +469,27 @@ def build_wheel(source: Path, python: Path, env: Mapping[str, str], scratch: Pat
     return wheels[0]
 
 
+def search_path_problems(extensions: Sequence[Path]) -> list[str]:
+    """An extension whose RPATH or RUNPATH has an entry not relative to it (``$ORIGIN``): a path of the
+    build machine (a compiler driver's ``-rpath``), which no bundle has where it is installed."""
+    problems = []
+    for path in extensions:
+        info = dynamic_info(path)
+        for entry in (*info.rpath, *info.runpath) if info else ():
+            if entry and not entry.startswith(("$ORIGIN", "${ORIGIN}")):
+                problems.append(f"vllm/{path.name} has a search path of the build machine: {entry}")
+    return problems
+
+
 def check_wheel(
     wheel: Path, version: str, rule: ExtensionRule, target: Target, scratch: Path, root: Path
 ) -> dict[str, list[str]]:
-    """The wheel's extensions and the ISAs each carries; a missing extension or ISA, or an extension that
-    names the build directory ``root`` (prefix maps that did not apply), fails the stage."""
+    """The wheel's extensions and the ISAs each carries; a missing extension or ISA, an extension that
+    names the build directory ``root`` (prefix maps that did not apply) or has a search path that is not
+    relative to it fails the stage."""
     found = find_in_wheel(wheel, rule, scratch)
     problems, isas = extension_problems(found, rule, target.isas)
+    problems += search_path_problems([path for path in found.values() if path is not None])
     named = {path for variant in build_roots(root) for path in files_mentioning(scratch, variant.encode())}
     problems += [
         f"vllm/{p.name} names the build directory {root} (its prefix maps did not apply)" for p in sorted(named)
@@ -440,7 +498,8 @@ def check_wheel(
         raise BuildError(
             f"the ROCm build of vLLM {version} is not fit for {target.name}: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-            "see the build log: an ISA missing from vLLM's HIP_SUPPORTED_ARCHS, or a failed HIP compile",
+            "see the build log: an ISA missing from vLLM's HIP_SUPPORTED_ARCHS, a failed HIP compile, or a "
+            "compiler or linker flag that did not apply",
         )
     return {name: sorted(found_isas) for name, found_isas in isas.items()}
 
@@ -458,7 +517,7 @@ def build_group_setup(build: WheelBuild, scratch: Path) -> tuple[dict[str, str],
     return {"PYTHONPATH": str(site)}, [*native, bin_dir]
 
 
-def rocm_setup(target: Target, build: WheelBuild, scratch: Path, root: Path) -> dict[str, str]:
+def rocm_setup(target: Target, build: WheelBuild, scratch: Path, root: Path, tools: Tools) -> dict[str, str]:
     """The rest of a ROCm build's scratch (its build group installed there first): the devel tree
     expanded beside links to the site stage's SDK, the triton_kernels source; returns the variables."""
     rocm = build.rocm
@@ -472,15 +531,41 @@ def rocm_setup(target: Target, build: WheelBuild, scratch: Path, root: Path) -> 
         archive, sha256, filename = rocm.triton_kernels
         require_sha256(archive, sha256, filename)
         kernels = extract_package(archive, filename, rocm.triton_kernels_package, scratch / "triton-kernels")
-    return rocm_environment(target, devel, core, rocm, kernels, root)
+    return rocm_environment(target, devel, core, rocm, kernels, root, tools)
 
 
-def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: Path, version: str) -> dict[str, Any]:
-    """Build into ``out`` (the stage's temporary directory); scratch lives beside it and is removed."""
+def probe_builder(source: Path, build: WheelBuild, work: Path) -> Tools | None:
+    """What the build takes from its builder, checked there (tree/builder.py): the host compilers and GNU
+    patch for a ROCm build; a Python-only build compiles nothing (None)."""
+    if build.rocm is None:
+        return None
+    try:
+        return build.builder.probe(work, needs_patch="patch" in cmake_programs(source))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _mounts(build: WheelBuild) -> list[Path]:
+    """What the build reads from this machine besides its scratch: the stage its interpreter is in (the
+    site stage: ``bin/python3.X`` beside ``lib/``) and uv, which drives the build."""
+    return [build.python.parent.parent, Path(uv.find_uv_bin())]
+
+
+def run_build(
+    target: Target, source: Path, build: WheelBuild, out: Path, log: Path, version: str, tools: Tools | None = None
+) -> dict[str, Any]:
+    """Build into ``out`` (the stage's temporary directory) in the build's builder; scratch lives beside it
+    and is removed. ``tools``: the builder's probe, when the caller has made it."""
     scratch = out.parent / ".vllm-wheel.build"
     shutil.rmtree(scratch, ignore_errors=True)
+    tools = tools or probe_builder(source, build, out.parent / ".vllm-wheel.probe")
     scratch.mkdir(parents=True)
     log.parent.mkdir(parents=True, exist_ok=True)
+    builder = build.builder
+
+    def run_in(command: Sequence[str], cwd: Path) -> list[str]:
+        return builder.command(command, cwd, writable=[scratch, out], readable=_mounts(build))
+
     try:
         shims = scratch / "shims"
         write_shims(shims)
@@ -489,17 +574,18 @@ def run_build(target: Target, source: Path, build: WheelBuild, out: Path, log: P
         if build.build_wheels:
             group_env, extra = build_group_setup(build, scratch)
             env |= group_env
-        if build.rocm is not None:  # the build directory holds the source copy, scratch and the site stage
-            env |= rocm_setup(target, build, scratch, out.parent)
+        if build.rocm is not None and tools is not None:  # out.parent: the source copy, scratch, the site stage
+            env |= rocm_setup(target, build, scratch, out.parent, tools)
         bin_dirs = [shims, *extra, build.python.parent]
-        env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs()), **env}
+        env = {**base_environment(scratch, bin_dirs, build.source_date, max_jobs(), builder), **env}
         if build.site_packages is not None:
-            require_build_tools(source, [scratch / "site", build.site_packages], env, runs_cmake=build.rocm is not None)
-        wheel = build_wheel(source, build.python, env, scratch, out, log)
+            require_build_tools(source, [scratch / "site", build.site_packages])
+        wheel = build_wheel(source, build.python, env, scratch, out, log, run_in, builder.describe())
+        record = {"builder": builder.record(tools)}
         if build.rocm is None:
-            return {"wheel": wheel.name, "device": "python-only"}
+            return {"wheel": wheel.name, "device": "python-only"} | record
         isas = check_wheel(wheel, version, build.rocm.extensions, target, scratch / "check", out.parent)
-        return {"wheel": wheel.name, "device": "rocm", "isas": list(target.isas), "extensions": isas}
+        return {"wheel": wheel.name, "device": "rocm", "isas": list(target.isas), "extensions": isas} | record
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -529,14 +615,19 @@ def wheel_stage(
     python_key: str | None = None,
 ) -> StageResult:
     """Stage ``vllm-wheel``: depends on the patched source, the interpreter (``python_key``: the key of the
-    stage that made it, when it is one of ours), the build inputs and the target's ISAs."""
+    stage that made it, when it is one of ours), the build inputs, the target's ISAs and the builder (the
+    image's digest, or this machine's tools, probed first)."""
     rocm = build.rocm
+    # This machine's tools are part of the key (a new g++ rebuilds); an image's are its digest's, probed
+    # only when the stage runs.
+    tools = probe_builder(source.path, build, out.parent / ".vllm-wheel.probe") if build.builder.on_host else None
     inputs: dict[str, Any] = {
         "source": source.key,
         "python": python_key or str(build.python),
         "source_date": build.source_date,
         "device": "rocm" if rocm else "python-only",
         "build_wheels": {path.name: sha for path, sha in sorted(build.build_wheels.items())},
+        "builder": build.builder.key(tools),
     }
     if rocm is not None:
         inputs |= {
@@ -551,6 +642,6 @@ def wheel_stage(
         "vllm-wheel",
         STAGE_VERSION,
         inputs,
-        lambda tmp: run_build(target, source.path, build, tmp, log, version),
+        lambda tmp: run_build(target, source.path, build, tmp, log, version, tools),
         force=force,
     )

@@ -87,6 +87,11 @@ class Cache:
         """A chunk a delta install fetched and checked (install/delta.py), under its sha256."""
         return self._entry(sha256, "chunks", sha256[:2], sha256)
 
+    def rootfs(self, sha256: str) -> Path:
+        """An image's root file system, unpacked by the builder stage (tree/builder.py), under the sha256 of
+        the image's manifest: one for every build that uses that image."""
+        return self._entry(sha256, "rootfs", sha256)
+
     def partial(self, sha256: str) -> Path:
         return self._entry(sha256, "partial", f"{sha256}.part")
 

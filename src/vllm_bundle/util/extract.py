@@ -172,6 +172,7 @@ class _Extraction:
             except _Refused as why:
                 raise _Refused(str(why), entry=name) from None
         for name, linkname in sorted(self.symlinks.items()):
+            (self.dest / name).parent.mkdir(parents=True, exist_ok=True)  # a tar need not list directories
             (self.dest / name).symlink_to(linkname)
 
 
