@@ -55,56 +55,85 @@ class FileData(Protocol):
     def __exit__(self, kind: Any, value: Any, traceback: Any, /) -> Any: ...
 
 
-class _Refused(Exception):
-    """Why one entry is refused (turned into an UnsafeArchiveError naming the archive)."""
+class EntryRefused(Exception):
+    """Why one entry is refused (turned by :func:`unpack_error` into an UnsafeArchiveError naming the
+    archive); util/layers.py refuses an image layer's entries with it too."""
 
     def __init__(self, why: str, entry: str | None = None) -> None:
         super().__init__(why)
         self.entry = entry
 
 
+#: What unpacking an archive can raise that :func:`unpack_error` turns into one line.
+UNPACK_ERRORS = (EntryRefused, OSError, tarfile.TarError, EOFError, ValueError)
+
+
+def unpack_error(
+    err: Exception, verb: str, source: str, member: tarfile.TarInfo | None, kind: str = "archive"
+) -> UnsafeArchiveError:
+    """The one-line error for ``err`` (one of :data:`UNPACK_ERRORS`), raised while ``verb``-ing
+    ``source`` (an archive, or an image's layer: ``kind``) at entry ``member`` (None once past the entries)."""
+    if isinstance(err, EntryRefused):
+        name = err.entry or (member.name if member is not None else None)
+        entry = f"entry {name!r}" if name else "an entry"
+        return UnsafeArchiveError(
+            f"refusing to {verb} {source}: {entry} {err}", f"this {kind} is not what the tool expects: do not use it"
+        )
+    if isinstance(err, OSError):
+        return UnsafeArchiveError(f"cannot {verb} {source}: {err.strerror or err}", "fetch it again")
+    return UnsafeArchiveError(f"cannot {verb} {source}: {err}", "it is damaged: fetch it again")
+
+
+def relative_parts(name: str) -> list[str]:
+    """``name``'s components without ``.``; refused when absolute or holding ``..``."""
+    if name.startswith("/"):
+        raise EntryRefused("has an absolute path")
+    parts = [part for part in PurePosixPath(name).parts if part != "."]
+    if ".." in parts:
+        raise EntryRefused("has a '..' component")
+    return parts
+
+
 def _final_name(member: tarfile.TarInfo, top: str | None) -> str | None:
     """The entry's path inside the destination ("" for the destination itself), or None to skip it."""
-    if member.name.startswith("/") or member.name.startswith("\\"):
-        raise _Refused("has an absolute path")
-    parts = [part for part in PurePosixPath(member.name).parts if part != "."]
-    if ".." in parts:
-        raise _Refused("has a '..' component")
+    if member.name.startswith("\\"):
+        raise EntryRefused("has an absolute path")
+    parts = relative_parts(member.name)
     if top is not None:
         if not parts or parts[0] != top:
-            raise _Refused(f"is outside the {top}/ directory")
+            raise EntryRefused(f"is outside the {top}/ directory")
         parts = parts[1:]
     return "/".join(parts)
 
 
 def _check_kind(member: tarfile.TarInfo) -> None:
     if member.ischr() or member.isblk():
-        raise _Refused("is a device node")
+        raise EntryRefused("is a device node")
     if member.isfifo():
-        raise _Refused("is a FIFO")
+        raise EntryRefused("is a FIFO")
     if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-        raise _Refused("is not a file, directory or link")
+        raise EntryRefused("is not a file, directory or link")
     if member.mode & stat.S_ISUID:
-        raise _Refused("is setuid")
+        raise EntryRefused("is setuid")
     if member.mode & stat.S_ISGID:
-        raise _Refused("is setgid")
+        raise EntryRefused("is setgid")
 
 
 def _walk_link(name: str, linkname: str, symlinks: dict[str, str]) -> None:
     """Follow a symlink's text from its directory: it must stay inside and never cross another link."""
     if linkname.startswith("/"):
-        raise _Refused(f"is a symlink to an absolute path (-> {linkname})")
+        raise EntryRefused(f"is a symlink to an absolute path (-> {linkname})")
     stack = [part for part in posixpath.dirname(name).split("/") if part]
     pieces = [part for part in linkname.split("/") if part and part != "."]
     for index, piece in enumerate(pieces):
         if piece == "..":
             if not stack:
-                raise _Refused(f"is a symlink leaving the tree (-> {linkname})")
+                raise EntryRefused(f"is a symlink leaving the tree (-> {linkname})")
             stack.pop()
             continue
         stack.append(piece)
         if "/".join(stack) in symlinks and index < len(pieces) - 1:
-            raise _Refused(f"is a symlink through another symlink (-> {linkname})")
+            raise EntryRefused(f"is a symlink through another symlink (-> {linkname})")
 
 
 class _Extraction:
@@ -120,12 +149,12 @@ class _Extraction:
         while parent:
             kind = self.kinds.get(parent)
             if kind not in (None, "dir"):
-                raise _Refused(f"is inside {parent}, which is not a directory")
+                raise EntryRefused(f"is inside {parent}, which is not a directory")
             parent = posixpath.dirname(parent)
 
     def add(self, archive: Entries, member: tarfile.TarInfo, name: str, top: str | None) -> None:
         if name in self.kinds and not (member.isdir() and self.kinds[name] == "dir"):
-            raise _Refused("appears twice")
+            raise EntryRefused("appears twice")
         self._parent_ok(name)
         path = self.dest / name
         if member.isdir():
@@ -144,10 +173,10 @@ class _Extraction:
     def _hard_link(self, member: tarfile.TarInfo, name: str, top: str | None) -> None:
         try:
             target = _final_name(tarfile.TarInfo(member.linkname), top)
-        except _Refused:
+        except EntryRefused:
             target = None
         if not target or self.kinds.get(target) != "file":
-            raise _Refused(f"is a hard link leaving the files extracted before it (-> {member.linkname})")
+            raise EntryRefused(f"is a hard link leaving the files extracted before it (-> {member.linkname})")
         (self.dest / name).parent.mkdir(parents=True, exist_ok=True)
         os.link(self.dest / target, self.dest / name)
         self.kinds[name] = "file"
@@ -169,8 +198,8 @@ class _Extraction:
             try:
                 self._parent_ok(name)
                 _walk_link(name, linkname, self.symlinks)
-            except _Refused as why:
-                raise _Refused(str(why), entry=name) from None
+            except EntryRefused as why:
+                raise EntryRefused(str(why), entry=name) from None
         for name, linkname in sorted(self.symlinks.items()):
             (self.dest / name).parent.mkdir(parents=True, exist_ok=True)  # a tar need not list directories
             (self.dest / name).symlink_to(linkname)
@@ -189,7 +218,7 @@ def symlink_problems(root: Path) -> list[str]:
     for name, linkname in sorted(links.items()):
         try:
             _walk_link(name, linkname, links)
-        except _Refused as why:
+        except EntryRefused as why:
             problems.append(f"{name} {why}")
     return problems
 
@@ -219,13 +248,6 @@ def safe_extract(
                 state.add(archive, member, name, top)
             member = None
             state.finish()
-    except _Refused as why:
-        entry = f"entry {why.entry or (member.name if member is not None else '?')!r}"
-        raise UnsafeArchiveError(
-            f"refusing to extract {source}: {entry} {why}", "this archive is not what the tool expects: do not use it"
-        ) from None
-    except OSError as err:
-        raise UnsafeArchiveError(f"cannot extract {source}: {err.strerror or err}", "fetch it again") from None
-    except (tarfile.TarError, EOFError, ValueError) as err:
-        raise UnsafeArchiveError(f"cannot extract {source}: {err}", "it is damaged: fetch it again") from None
+    except UNPACK_ERRORS as err:
+        raise unpack_error(err, "extract", source, member) from None
     return len(state.kinds) - 1

@@ -29,10 +29,11 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, cast
 
 from vllm_bundle.errors import UnsafeArchiveError
+from vllm_bundle.util.extract import UNPACK_ERRORS, EntryRefused, relative_parts, unpack_error
 from vllm_bundle.util.fsutil import raising_disk_full
 
 CHUNK = 1 << 20
@@ -41,10 +42,6 @@ OPAQUE = ".wh..wh..opq"
 GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
 ZSTD_TYPES = ("application/vnd.oci.image.layer.v1.tar+zstd",)
 PLAIN_TYPES = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar")
-
-
-class _Refused(Exception):
-    pass
 
 
 @contextmanager
@@ -66,12 +63,7 @@ def layer_stream(path: Path, media_type: str) -> Iterator[IO[bytes]]:
 
 
 def _relative(name: str) -> str:
-    if name.startswith("/"):
-        raise _Refused("has an absolute path")
-    parts = [part for part in PurePosixPath(name).parts if part != "."]
-    if ".." in parts:
-        raise _Refused("has a '..' component")
-    return "/".join(parts)
+    return "/".join(relative_parts(name))
 
 
 class _Tree:
@@ -92,9 +84,9 @@ class _Tree:
                 here.mkdir(mode=0o755)
                 continue
             if stat.S_ISLNK(mode):
-                raise _Refused(f"lies below {here.relative_to(self.root)}, a symlink: it would be written through")
+                raise EntryRefused(f"lies below {here.relative_to(self.root)}, a symlink: it would be written through")
             if not stat.S_ISDIR(mode):
-                raise _Refused(f"lies below {here.relative_to(self.root)}, which is not a directory")
+                raise EntryRefused(f"lies below {here.relative_to(self.root)}, which is not a directory")
         return here
 
     def remove(self, path: Path) -> None:
@@ -152,7 +144,7 @@ class _Tree:
         parent, base = posixpath.split(name)
         path = self.directory(parent) / base
         if not path.is_file() or path.is_symlink():
-            raise _Refused(f"is a hard link to {name}, which is not a file written before it")
+            raise EntryRefused(f"is a hard link to {name}, which is not a file written before it")
         return path
 
 
@@ -179,13 +171,6 @@ def apply_layers(layers: list[tuple[str, Path]], root: Path, source: str) -> int
                     else:
                         tree.add(layer, member, name)
                         written += 1
-        except _Refused as why:
-            entry = f"entry {member.name!r}" if member is not None else "an entry"
-            raise UnsafeArchiveError(
-                f"refusing to unpack {where}: {entry} {why}", "this image is not what the tool expects: do not use it"
-            ) from None
-        except OSError as err:
-            raise UnsafeArchiveError(f"cannot unpack {where}: {err.strerror or err}", "fetch it again") from None
-        except (tarfile.TarError, EOFError, ValueError) as err:
-            raise UnsafeArchiveError(f"cannot unpack {where}: {err}", "it is damaged: fetch it again") from None
+        except UNPACK_ERRORS as err:
+            raise unpack_error(err, "unpack", where, member, kind="image") from None
     return written
