@@ -29,15 +29,10 @@ from typing import Any, BinaryIO
 from zlib_ng import gzip_ng_threaded
 
 from vllm_bundle.errors import ImageError
-from vllm_bundle.release.archive import (
-    COMPRESSION_WORKERS,
-    add_entry,
-    interrupt_between_reads,
-    tar_entry,
-    tree_entries,
-)
+from vllm_bundle.release.archive import add_entry, interrupt_between_reads
 from vllm_bundle.util.fsutil import link_or_copy
-from vllm_bundle.util.tarstream import StreamTar
+from vllm_bundle.util.gzip_members import COMPRESSION_WORKERS
+from vllm_bundle.util.tarstream import StreamTar, tar_entry, tree_entries
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -4,18 +4,15 @@ alone shows too small is refused before any part is written, any other before pa
 the parts written so far are removed. Beside it, a table of contents (TOC) that says where each file's
 chunks are, so an update can fetch only the chunks it does not have (#34).
 
-Determinism: entries ``./...`` in sorted order; mtime clamped to the source date; uid/gid 0 with empty
-owner names; modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must
-stay inside the tree); a second name of an inode is recorded as a hard link to the first name in
-sorted order; PAX headers as tarfile writes them.
+Determinism: the tar stream of :mod:`vllm_bundle.util.tarstream` (sorted entries, the source date, modes
+from the exec bit, hard links by inode, PAX headers).
 
 Chunked gzip: the tar stream is written as a series of independent gzip members (RFC 1952 2.2: gzip and
 GNU tar read them as one stream). Each regular file's data is cut into content-defined chunks (FastCDC,
 about 64 KiB); a member ends at the first chunk end at or after :data:`MEMBER_SIZE` uncompressed bytes,
-and before a file at least that large. Each member is compressed by libdeflate from an empty dictionary
-(no file name, mtime 0), so members compress in parallel (``COMPRESSION_WORKERS`` threads; libdeflate
-lets go of the GIL) and their bytes depend only on their content: the same tree gives the same bytes on
-any machine. (A single deflate stream was #34's "today"; members at 256 KiB with libdeflate are 2.6 %
+and before a file at least that large. Each member is compressed alone by libdeflate
+(:mod:`vllm_bundle.util.gzip_members`), so their bytes depend only on their content: the same tree gives
+the same bytes on any machine. (A single deflate stream was #34's "today"; members at 256 KiB with libdeflate are 2.6 %
 smaller than it at level 6 on a real site-packages, and faster.)
 The TOC (``ChunkedTar.toc``) has eStargz's TOC entries (containerd/stargz-snapshotter docs/estargz.md): one per
 file, directory and link, and per chunk its member's offset in the whole archive (``offset``), its place
@@ -30,32 +27,24 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
-import posixpath
 import signal
 import stat
 import tarfile
 import threading
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-import deflate
 from fastcdc.fastcdc_cy import fastcdc_cy  # type: ignore[import-untyped]
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import ArchiveError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, MAX_PARTS, part_name
+from vllm_bundle.util.gzip_members import Members, compressor
+from vllm_bundle.util.tarstream import end_of_archive, header, padding, tar_entry, tree_entries
 
-#: How many threads compress: the archive's members, whose bytes do not depend on it, and an image layer's
-#: one gzip stream (oci/layout.py), whose bytes do (zlib-ng's threaded writer carries each worker's deflate
-#: state from block to block), so it is fixed, not taken from the machine: a 2-core laptop and a 64-core
-#: runner write the same bytes.
-COMPRESSION_WORKERS = 8
 #: Deflate's greatest compression ratio (zlib's FAQ, "the limit is 1032:1"): an archive is never
 #: smaller than its tar stream divided by it, so a part size too small for 99 parts is known up front.
 DEFLATE_MAX_RATIO = 1032
@@ -70,8 +59,6 @@ CHUNK_WINDOW = 4 << 20  # how much of a file is read at a time to be chunked
 MEMBER_SIZE = 256 << 10
 #: The TOC's format: eStargz's TOC version, whose entries this TOC's follow.
 TOC_VERSION = 1
-#: tarfile's writing of names that are not valid UTF-8 (its defaults on Linux)
-TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"
 
 
 def archiver() -> dict[str, str | int]:
@@ -79,9 +66,7 @@ def archiver() -> dict[str, str | int]:
     ``deflate`` package carries it), and chunks are where FastCDC cuts them, so release.json records both,
     and the release stage is redone when they change."""
     return {
-        "library": "libdeflate",
-        "deflate": importlib.metadata.version("deflate"),
-        "members": "chunked",
+        **compressor(),
         "fastcdc": importlib.metadata.version("fastcdc"),
         "chunk": f"{CHUNK_MIN}/{CHUNK_AVG}/{CHUNK_MAX}",
         "member_size": MEMBER_SIZE,
@@ -170,16 +155,6 @@ class PartWriter:
             part.path.unlink(missing_ok=True)
 
 
-def tree_entries(root: Path) -> Iterator[tuple[str, Path]]:
-    """``(archive name, path)`` for the root and everything under it, sorted by archive name."""
-    names = [("./", root)]
-    for dirpath, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            path = Path(dirpath, name)
-            names.append(("./" + path.relative_to(root).as_posix(), path))
-    yield from sorted(names, key=lambda item: item[0])
-
-
 def least_archive_size(root: Path) -> int:
     """No more bytes than the archive of ``root`` has: its tar stream holds a 512-byte header per
     entry, each inode's data once (a second name is a hard link) and 1024 bytes of end, and deflate
@@ -192,36 +167,6 @@ def least_archive_size(root: Path) -> int:
             seen.add((info.st_dev, info.st_ino))
             stream += info.st_size
     return stream // DEFLATE_MAX_RATIO
-
-
-def tar_entry(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
-    stat = path.lstat()
-    info = tarfile.TarInfo(name.rstrip("/") if name != "./" else ".")
-    info.mtime, info.uid, info.gid, info.uname, info.gname = source_date, 0, 0, "", ""
-    if path.is_symlink():
-        target = str(path.readlink())
-        inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-        if target.startswith("/") or inside == ".." or inside.startswith("../"):
-            raise ArchiveError(
-                f"{path.relative_to(root)} is a symlink leaving the bundle (-> {target})",
-                "make it relative and inside the tree",
-            )
-        info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
-    elif path.is_dir():
-        info.type, info.mode = tarfile.DIRTYPE, 0o755
-    elif path.is_file():
-        info.mode = 0o755 if stat.st_mode & 0o100 else 0o644
-        key = (stat.st_dev, stat.st_ino)
-        if stat.st_nlink > 1 and key in seen:
-            info.type, info.linkname = tarfile.LNKTYPE, seen[key]
-        else:
-            seen[key] = info.name
-            info.size = stat.st_size
-    else:
-        raise ArchiveError(
-            f"{path.relative_to(root)} is neither a file, a directory nor a symlink", "remove it from the bundle"
-        )
-    return info
 
 
 @contextmanager
@@ -297,49 +242,6 @@ def file_chunks(path: Path, size: int, interrupted: threading.Event) -> Iterator
             buffer = buffer[used:]
 
 
-def _pack(data: bytes, chunks: list[tuple[int, int]], level: int) -> tuple[bytes, list[str]]:
-    """One member: ``data`` as a gzip member of its own (libdeflate: no name, mtime 0), and the sha256 of
-    each chunk (inner offset, size) it holds. Run by a worker thread; libdeflate and hashlib let go of the
-    GIL."""
-    view = memoryview(data)  # slices without copies
-    digests = [hashlib.sha256(view[start : start + size]).hexdigest() for start, size in chunks]
-    return bytes(deflate.gzip_compress(data, level)), digests
-
-
-class Members:
-    """Gzip members compressed by worker threads and written to ``out`` in the order they were given,
-    with at most two per worker waiting (memory stays flat in the archive's size)."""
-
-    def __init__(self, out: PartWriter, level: int) -> None:
-        self._out, self._level = out, level
-        self._pool = ThreadPoolExecutor(COMPRESSION_WORKERS, thread_name_prefix="archive")
-        self._waiting: deque[tuple[int, Future[tuple[bytes, list[str]]]]] = deque()
-        self.spans: list[tuple[int, int, int]] = []  # per member written: offset, compressed, uncompressed size
-        self.digests: list[list[str]] = []  # per member written: its chunks' sha256
-        self.given = 0
-
-    def add(self, data: bytes, chunks: list[tuple[int, int]]) -> None:
-        self._waiting.append((len(data), self._pool.submit(_pack, data, chunks, self._level)))
-        self.given += 1
-        while len(self._waiting) > 2 * COMPRESSION_WORKERS:
-            self._write_oldest()
-
-    def _write_oldest(self) -> None:
-        size, future = self._waiting.popleft()
-        member, digests = future.result()
-        self.spans.append((self._out.total, len(member), size))
-        self.digests.append(digests)
-        self._out.write(member)
-
-    def finish(self) -> None:
-        while self._waiting:
-            self._write_oldest()
-        self._pool.shutdown()
-
-    def abandon(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
 class ChunkedTar:
     """The tar stream of the archive, cut into members (see the module's docstring), and its TOC. What the
     TOC needs is kept as tuples (a real bundle has about 100,000 files and as many chunks) and made into
@@ -368,11 +270,11 @@ class ChunkedTar:
         """One entry: its header, and a regular file's data in chunks, then the padding to a block."""
         if info.isreg() and info.size >= MEMBER_SIZE:
             self._cut()
-        self._append(info.tobuf(tarfile.PAX_FORMAT, TAR_ENCODING, TAR_ERRORS))
+        self._append(header(info))
         first = len(self._chunk_rows)
         if info.isreg():
             self._add_data(path, info.size, interrupted)
-            self._append(tarfile.NUL * (-info.size % tarfile.BLOCKSIZE))
+            self._append(padding(info.size))
         name, kind, extra = toc_fields(info)
         self._entries.append((name, kind, info.mode, extra, first, len(self._chunk_rows) - first))
         if len(self._pending) >= MEMBER_SIZE:
@@ -391,8 +293,7 @@ class ChunkedTar:
 
     def close(self) -> None:
         """The end-of-archive blocks and the padding to a whole record, as tarfile writes them."""
-        self._append(tarfile.NUL * (2 * tarfile.BLOCKSIZE))
-        self._append(tarfile.NUL * (-self._offset % tarfile.RECORDSIZE))
+        self._append(end_of_archive(self._offset))
         self._cut()
 
     def toc_entries(self) -> Iterator[dict[str, Any]]:

@@ -1,10 +1,24 @@
-"""Tar archives read or written once, front to back. Standard library only: ``install`` imports it, and
-the installer's environment has none of the build's dependencies."""
+"""Tar archives read or written once, front to back, and the tar stream of a release's tree entry by
+entry (what the release archive and an image layer hold, and what a delta install checks the tree it
+assembled against). Standard library only: ``install`` imports it, and the installer's environment has
+none of the build's dependencies.
+
+Determinism: entries ``./...`` in sorted order; mtime the source date; uid/gid 0 with empty owner names;
+modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must stay inside the
+tree); a second name of an inode is recorded as a hard link to the first name in sorted order; PAX
+headers as tarfile writes them.
+"""
 
 from __future__ import annotations
 
+import os
+import posixpath
 import tarfile
+from collections.abc import Collection, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from vllm_bundle.errors import ArchiveError
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRead
@@ -25,3 +39,82 @@ class StreamTar(tarfile.TarFile):
     def addfile(self, tarinfo: tarfile.TarInfo, fileobj: SupportsRead[bytes] | None = None) -> None:
         super().addfile(tarinfo, fileobj)
         self.members.clear()
+
+
+#: tarfile's writing of names that are not valid UTF-8 (its defaults on Linux)
+TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"
+
+
+def tree_entries(root: Path, leave_out: Collection[str] = ()) -> Iterator[tuple[str, Path]]:
+    """``(archive name, path)`` for the root and everything under it, sorted by archive name; but the
+    names in ``leave_out`` at the top of the tree (an installer's own files beside the release's)."""
+    names = [("./", root)]
+    for dirpath, dirs, files in os.walk(root):
+        top = dirpath == os.fspath(root)
+        if top:
+            dirs[:] = [name for name in dirs if name not in leave_out]
+        for name in [*dirs, *files]:
+            if top and name in leave_out:
+                continue
+            path = Path(dirpath, name)
+            names.append(("./" + path.relative_to(root).as_posix(), path))
+    yield from sorted(names, key=lambda item: item[0])
+
+
+def released_mode(kind: str, mode: int) -> int:
+    """The mode an entry of ``kind`` (``reg``, ``dir``, ``symlink``, ``hardlink``) has in a release whose
+    file had ``mode``: 0755 or 0644 by the owner's exec bit, 0755 for a directory, 0777 for a link."""
+    if kind == "dir":
+        return 0o755
+    if kind == "symlink":
+        return 0o777
+    return 0o755 if mode & 0o100 else 0o644
+
+
+def tar_entry(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+    """The tar header of ``path`` (archive name ``name``) as a release holds it; ``seen`` maps each inode
+    met so far to its first name (a later name becomes a hard link to it)."""
+    found = path.lstat()
+    info = tarfile.TarInfo(name.rstrip("/") if name != "./" else ".")
+    info.mtime, info.uid, info.gid, info.uname, info.gname = source_date, 0, 0, "", ""
+    if path.is_symlink():
+        target = str(path.readlink())
+        inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+        if target.startswith("/") or inside == ".." or inside.startswith("../"):
+            raise ArchiveError(
+                f"{path.relative_to(root)} is a symlink leaving the bundle (-> {target})",
+                "make it relative and inside the tree",
+            )
+        info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, released_mode("symlink", 0)
+    elif path.is_dir():
+        info.type, info.mode = tarfile.DIRTYPE, released_mode("dir", 0)
+    elif path.is_file():
+        info.mode = released_mode("reg", found.st_mode)
+        key = (found.st_dev, found.st_ino)
+        if found.st_nlink > 1 and key in seen:
+            info.type, info.linkname = tarfile.LNKTYPE, seen[key]
+        else:
+            seen[key] = info.name
+            info.size = found.st_size
+    else:
+        raise ArchiveError(
+            f"{path.relative_to(root)} is neither a file, a directory nor a symlink", "remove it from the bundle"
+        )
+    return info
+
+
+def header(info: tarfile.TarInfo) -> bytes:
+    """``info``'s header blocks, PAX as tarfile writes them."""
+    return info.tobuf(tarfile.PAX_FORMAT, TAR_ENCODING, TAR_ERRORS)
+
+
+def padding(size: int) -> bytes:
+    """What follows ``size`` bytes of a file's data: NULs to a whole block."""
+    return tarfile.NUL * (-size % tarfile.BLOCKSIZE)
+
+
+def end_of_archive(offset: int) -> bytes:
+    """The end-of-archive blocks after ``offset`` bytes of entries, and the NULs to a whole record, as
+    tarfile writes them."""
+    end = 2 * tarfile.BLOCKSIZE
+    return tarfile.NUL * (end + (-(offset + end) % tarfile.RECORDSIZE))
