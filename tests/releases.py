@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets
-from vllm_bundle.release.archive import write_archive
+from vllm_bundle.manifests import DEFAULT_LEVEL, RELEASE_JSON, ReleaseAssets
+from vllm_bundle.release.archive import archiver, write_archive
 
 
 def make_release(root: Path, where: Path, tag: str, date: int, part_size: int, target: str = "gfx1151") -> Path:
@@ -28,6 +28,8 @@ def make_release(root: Path, where: Path, tag: str, date: int, part_size: int, t
         "archive": {
             "size": archive.size,
             "sha256": archive.sha256,
+            "level": DEFAULT_LEVEL,
+            "archiver": archiver(),
             "parts": [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in archive.parts],
             "toc": toc_field(assets, archive.toc),
         },

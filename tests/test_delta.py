@@ -10,6 +10,9 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,11 +24,12 @@ import pytest
 
 from tests.conftest import PART_SIZE, assert_one_line_error, publish, tree_digest
 from tests.releases import make_release, toc_field
-from tests.test_install import TAG, install
+from tests.test_install import HOST, TAG, install
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.install.delta import KEPT_TOC
 from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets
+from vllm_bundle.util.cache import Cache
 
 OLD_TAG = f"vllm0.32.0-rocm{ROCM_VERSION}-gfx1151"
 ASSETS = ReleaseAssets(TAG)
@@ -272,6 +276,92 @@ def _escaping(toc: dict[str, Any]) -> None:
     _entries(toc)[-1]["name"] = "../escaped"
 
 
+def _single_chunk_files(toc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files of one chunk, each other than the one before it."""
+    many = {entry["name"] for entry in toc["entries"] if entry["type"] == "chunk"}
+    return [e for e in _entries(toc) if e["name"] not in many and e["name"] != "bin/vllm-server"]
+
+
+def _another_files_bytes(toc: dict[str, Any]) -> None:
+    """A file given another file's chunk (one the previous install has: re-used, never fetched)."""
+    first, other = _single_chunk_files(toc)[:2]
+    for key in ("size", "offset", "innerOffset", "chunkSize", "chunkDigest"):
+        first[key] = other[key]
+
+
+def _entries_the_archive_lacks(toc: dict[str, Any]) -> None:
+    (other,) = _single_chunk_files(toc)[:1]
+    toc["entries"] += [{"name": "planted", "type": "dir", "mode": 0o755}, {**other, "name": "planted/file.py"}]
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [_another_files_bytes, _entries_the_archive_lacks],
+    ids=["another-files-bytes", "entries-the-archive-lacks"],
+)
+def test_a_table_that_does_not_describe_the_parts_gets_the_full_download(
+    lie: Callable[[dict[str, Any]], None], releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The parts untouched, only the table and its sha256 in release.json changed (#51 F7): a table that
+    adds up but does not describe the parts. The assembled tree is archived again and does not give the
+    parts' sha256, so the whole release is downloaded: what --no-delta installs, never what the table says."""
+    url = _lying_release(lie, releases, upstream, tmp_path)
+    dest = previous(releases, tmp_path)
+    result = install(url, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    assert "does not archive to the release's parts" in line, line
+    installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
+    assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
+    assert installed == expected
+
+
+def modes(root: Path) -> dict[str, str]:
+    """Every entry's mode, the root's and each directory's too."""
+    return {str(path.relative_to(root)): oct(path.lstat().st_mode) for path in [root, *sorted(root.rglob("*"))]}
+
+
+def _world_writable(toc: dict[str, Any]) -> None:
+    for entry in toc["entries"]:
+        if entry["type"] == "dir" and entry["name"] in (".", "bin"):
+            entry["mode"] = 0o777
+    (file,) = [entry for entry in _single_chunk_files(toc) if entry["mode"] == 0o644][:1]
+    file["mode"] = 0o666  # (on a file of mode 0755, the exec bit it lacks would change the parts: checked)
+
+
+def test_a_delta_writes_the_modes_a_full_install_does_whatever_the_table_says(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """A table that makes the install root, a directory and a file world-writable (#51 F7): the delta
+    writes each entry's mode as the release's tar stream has it, so it installs what a full install does."""
+    url = _lying_release(_world_writable, releases, upstream, tmp_path)
+    dest = previous(releases, tmp_path)
+    result = install(url, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "delta from" in result.stdout, result.stdout
+    assert modes(dest) == modes(releases.installed_new)
+    installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
+    assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
+    assert installed == expected
+
+
+def _lying_release(
+    lie: Callable[[dict[str, Any]], None], releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> str:
+    """The new release with its table changed by ``lie`` and release.json's sha256 of it made to agree."""
+    case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"  # the upstream's files are every worker's
+    published = upstream.root / "lying" / case / TAG
+    shutil.copytree(releases.new_dir, published)
+    toc = json.loads(gzip.decompress((published / ASSETS.toc).read_bytes()))
+    lie(toc)
+    data = gzip.compress(json.dumps(toc).encode(), mtime=0)
+    (published / ASSETS.toc).write_bytes(data)
+    release = json.loads((published / RELEASE_JSON).read_text())
+    release["archive"]["toc"] = toc_field(ASSETS, data)
+    (published / RELEASE_JSON).write_text(json.dumps(release))
+    return f"{upstream.url}/lying/{case}/{TAG}/"
+
+
 @pytest.mark.parametrize(
     ("lie", "why"),
     [
@@ -287,18 +377,9 @@ def test_a_table_that_lies_gets_the_full_download(
 ) -> None:
     """A table that does not match the archive, even one release.json vouches for: the delta stops, and
     the whole release is downloaded and checked against its parts' sha256 instead."""
-    case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"  # the upstream's files are every worker's
-    published = upstream.root / "lying" / case / TAG
-    shutil.copytree(releases.new_dir, published)
-    toc = json.loads(gzip.decompress((published / ASSETS.toc).read_bytes()))
-    lie(toc)
-    data = gzip.compress(json.dumps(toc).encode(), mtime=0)
-    (published / ASSETS.toc).write_bytes(data)
-    release = json.loads((published / RELEASE_JSON).read_text())
-    release["archive"]["toc"] = toc_field(ASSETS, data)
-    (published / RELEASE_JSON).write_text(json.dumps(release))
+    url = _lying_release(lie, releases, upstream, tmp_path)
     dest = previous(releases, tmp_path)
-    result = install(f"{upstream.url}/lying/{case}/{TAG}/", dest, tmp_path / "cache")
+    result = install(url, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
     assert why in line
@@ -382,3 +463,189 @@ def test_a_chunk_cache_that_is_a_link_is_refused_in_one_line(
     assert_one_line_error(result, "is a symbolic link")
     assert list(elsewhere.iterdir()) == [], "nothing written through the link"
     assert tree_with_times(dest) == before
+
+
+# -- a previous install the user has touched (#51 F1, F3) ----------------------------------------------
+
+
+def _reused_files(dest: Path, count: int) -> list[str]:
+    """``count`` regular files of the previous install whose chunks the new release re-uses (the library
+    the older release changed aside), the largest first."""
+    toc = json.loads(gzip.decompress((dest / KEPT_TOC).read_bytes()))
+    files = sorted(_entries(toc), key=lambda entry: -int(entry["size"]))
+    names = [entry["name"] for entry in files if not entry["name"].endswith("_C.abi3.so")]
+    return names[:count]
+
+
+def test_fifos_loops_and_links_out_in_the_previous_install_are_fetched_not_read(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """Anything in the previous install that is not the regular file its table names is a changed file:
+    a FIFO (opened, it would block for good), a symbolic link loop (``Path.resolve`` raises RuntimeError on
+    Python 3.11), a link out of the tree (to a copy with the right bytes) and a file with other bytes; and
+    FIFOs in the chunk cache. Each is fetched, and the update gives the tree a full install does."""
+    dest = previous(releases, tmp_path)
+    fifo, loop, out, other = _reused_files(dest, 4)
+    outside = tmp_path / "outside"
+    outside.write_bytes((dest / out).read_bytes())
+    for name in (fifo, loop, out):
+        (dest / name).unlink()
+    os.mkfifo(dest / fifo)
+    (dest / loop).symlink_to(Path(loop).name)  # itself
+    (dest / out).symlink_to(outside)
+    (dest / other).write_bytes(b"other bytes")
+    cache = Cache(tmp_path / "cache")  # every chunk is looked for in the chunk cache first
+    for entry in _entries(json.loads(gzip.decompress((dest / KEPT_TOC).read_bytes())))[:3]:
+        chunk = cache.chunk(entry["chunkDigest"].removeprefix("sha256:"))
+        chunk.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(chunk)
+    result = install(releases.new, dest, tmp_path / "cache", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "delta from" in result.stdout and "downloading the whole release" not in result.stdout, result.stdout
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+
+
+def test_a_fifo_for_the_kept_table_gets_the_full_download_in_one_line(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    dest = previous(releases, tmp_path)
+    (dest / KEPT_TOC).unlink()
+    os.mkfifo(dest / KEPT_TOC)
+    result = install(releases.new, dest, tmp_path / "cache", timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    assert "not a regular file" in line, line
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+
+
+# -- a server that drips, Ctrl-C, a full disk (#51 F2, F8) ---------------------------------------------
+
+
+def _part_paths(releases: Releases) -> list[str]:
+    return [f"/releases/download/{TAG}/{part.name}" for part in releases.new_dir.glob(f"{ASSETS.stem}.part*.tar.gz")]
+
+
+def test_range_answers_that_drip_get_the_full_download(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """Each Range answer sends 20 bytes a second, never silent for a read timeout: it is given up at its
+    deadline (the read timeout plus its size at 256 kbit/s), asked again as often as --retries says, and
+    the whole release is downloaded instead (its parts are not dripped)."""
+    for path in _part_paths(releases):
+        upstream.inject(path, Fault("throttle", rate=20, times=None, ranged=True))
+    dest = previous(releases, tmp_path)
+    result = install(releases.new, dest, tmp_path / "cache", "--read-timeout", "2", "--retries", "2", timeout=150)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    assert "cut off 2 times" in line and "did not arrive whole within" in line, line
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    chunks = tmp_path / "cache" / "chunks"
+    assert not chunks.exists() or not any(chunks.iterdir()), "what the delta fetched is not kept"
+
+
+def test_ctrl_c_during_a_delta_ends_it_at_once_with_the_previous_install_intact(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """Ctrl-C while the Range answers are held back by the server (their headers sent, their bodies due
+    in 120 s): the install ends now, not when the answers do, and the previous install is as it was."""
+    released = threading.Event()
+    for path in _part_paths(releases):
+        upstream.inject(path, Fault("hold", until=released, seconds=120, times=None, ranged=True))
+    dest = previous(releases, tmp_path)
+    before = tree_with_times(dest)
+    command = [sys.executable, "-m", "vllm_bundle", "install", releases.new, "--dest", str(dest)]
+    command += ["--cache-dir", str(tmp_path / "cache"), "--plain", *HOST]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(header for header, _ in part_requests(upstream)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None and any(header for header, _ in part_requests(upstream)), "a Range request"
+        time.sleep(0.5)  # the answer's headers are read; its body is held
+        process.send_signal(signal.SIGINT)
+        try:
+            _, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("Ctrl-C did not end the install while the server held its Range answers")
+    finally:
+        released.set()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("interrupted: "), stderr
+    assert tree_with_times(dest) == before, "the previous install as it was"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vllm.")] == [".vllm.vllm-bundle.lock"]
+
+
+def test_a_full_disk_under_the_chunk_cache_is_one_line_naming_it(
+    releases: Releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunk cache on a disk of its own that is full (its chunk files written to /dev/full): one line
+    naming the cache, no half-written chunk left, and the previous install as it was."""
+    from vllm_bundle.errors import DiskFullError
+    from vllm_bundle.install.installer import install_release, release_from_assets
+    from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.progress import PlainReporter
+    from vllm_bundle.util.transport import RetryPolicy
+
+    dest = previous(releases, tmp_path)
+    before = tree_with_times(dest)
+    chunks, real_open = tmp_path / "cache" / "chunks", os.open
+
+    def on_a_full_disk(path: Any, flags: int, mode: int = 0o777, **kwargs: Any) -> int:
+        descriptor = real_open(path, flags, mode, **kwargs)
+        if Path(os.fsdecode(path)).is_relative_to(chunks) and flags & os.O_CREAT:
+            full = real_open("/dev/full", os.O_WRONLY)
+            os.dup2(full, descriptor)
+            os.close(full)
+        return descriptor
+
+    monkeypatch.setattr(os, "open", on_a_full_disk)
+    policy = RetryPolicy()
+    release = release_from_assets(releases.new, policy)
+    with (
+        Fetcher(Cache(tmp_path / "cache"), PlainReporter(), policy=policy) as fetcher,
+        pytest.raises(DiskFullError) as raised,
+    ):
+        install_release(release, dest, fetcher, policy, lambda line: None)
+    assert f"download cache {tmp_path / 'cache'}" in raised.value.message, raised.value.message
+    assert "the disk under" not in raised.value.message, "not the staging's disk"
+    assert [p.name for p in chunks.rglob("*") if p.is_file()] == [], "no half-written chunk"
+    monkeypatch.undo()
+    assert tree_with_times(dest) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vllm.")] == [".vllm.vllm-bundle.lock"]
+
+
+def test_files_changed_since_count_towards_more_than_half(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """Every file of the previous install changed after it was installed (its table still names them):
+    the plan re-uses them all, the assembly finds each changed, and once what it fetched makes more than
+    half of the archive the whole release is downloaded instead; what the delta fetched is not kept."""
+    dest = previous(releases, tmp_path)
+    for path in dest.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.name not in INSTALLERS_OWN:
+            path.write_bytes(os.urandom(path.stat().st_size))
+    result = install(releases.new, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    assert "more than half of the archive changed after all" in line, line
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    chunks = tmp_path / "cache" / "chunks"
+    assert not chunks.exists() or not any(chunks.iterdir()), "what the delta fetched is not kept, nor its folders"
+
+
+def test_a_range_redirected_to_plain_http_gets_the_full_download(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """A Range request redirected to http:// on another host (192.0.2.1, TEST-NET-1: never contacted, the
+    hop is refused before it is followed): the delta gives up, and the parts come as they are served."""
+    for path in _part_paths(releases):
+        upstream.inject(path, Fault("redirect", location="http://192.0.2.1/part", times=None, ranged=True))
+    dest = previous(releases, tmp_path)
+    result = install(releases.new, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    assert "refusing to download http://192.0.2.1/part" in line, line
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)

@@ -39,8 +39,8 @@ def served(built: Path, _server: UpstreamServer) -> str:
     return publish(built, _server)
 
 
-def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]
-    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *HOST, *extra, timeout=300)
+def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path, timeout: float = 300):  # type: ignore[no-untyped-def]
+    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *HOST, *extra, timeout=timeout)
 
 
 def part_paths(upstream: UpstreamServer) -> list[str]:

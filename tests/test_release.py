@@ -30,6 +30,7 @@ from tests.conftest import (
 )
 from tests.upstream.fixture import ROCM_VERSION, VLLM_BUILT_VERSION
 from tests.upstream.server import UpstreamServer
+from vllm_bundle.install.parts_check import archive_digests
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.qualify.repro import first_difference
 from vllm_bundle.release.archive import CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MEMBER_SIZE, write_archive
@@ -250,6 +251,31 @@ def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
     parts, size, digest, _ = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64", 1763596800)
     assert [p.path.name for p in parts] == ["x-x64.part01-of-01.tar.gz"]
     assert size == parts[0].size and digest == parts[0].sha256
+
+
+def test_a_tree_archived_again_gives_its_parts_sha256(tmp_path: Path) -> None:
+    """What a delta install checks its assembled tree with (install/parts_check.py, #51 F7): the tree
+    archived again at the TOC's member ends gives the sha256 of each part write_archive wrote; a name left
+    out at the top is as if it were not there; a mode, a member end or a part size that differs, differs."""
+    root = tmp_path / "root"
+    (root / "lib" / "empty").mkdir(parents=True)
+    (root / "lib" / "big.so").write_bytes(os.urandom(3 * MEMBER_SIZE))
+    (root / "lib" / "small.py").write_text("x = 1\n")
+    (root / "lib" / "second-name.py").hardlink_to(root / "lib" / "small.py")
+    (root / "lib" / "link.so").symlink_to("big.so")
+    written = write_archive(root, tmp_path / "out", "x", 7, part_size=MEMBER_SIZE)
+    members = [inflated for _, _, inflated in json.loads(gzip.decompress(written.toc))["members"]]
+    sizes, expected = [part.size for part in written.parts], [part.sha256 for part in written.parts]
+    assert len(expected) > 2
+    assert archive_digests(root, 7, members, sizes, 6) == expected
+    (root / ".marker").write_text("the installer's own")
+    assert archive_digests(root, 7, members, sizes, 6, leave_out={".marker"}) == expected
+    assert archive_digests(root, 7, members, sizes, 6) != expected
+    assert archive_digests(root, 7, members, sizes[:-1], 6, leave_out={".marker"}) == expected, "the rest: one more"
+    assert archive_digests(root, 7, [members[0] - 1, *members[1:]], sizes, 6, leave_out={".marker"}) != expected
+    assert archive_digests(root, 8, members, sizes, 6, leave_out={".marker"}) != expected, "another source date"
+    (root / "lib" / "small.py").chmod(0o755)
+    assert archive_digests(root, 7, members, sizes, 6, leave_out={".marker"}) != expected
 
 
 def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:

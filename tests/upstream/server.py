@@ -57,6 +57,7 @@ class Fault:
     agent: str = ""  # only requests whose User-Agent starts with this (uv and the tool share the upstream)
     location: str = ""  # redirect: where a 302 sends the client
     until: threading.Event | None = None  # hold: the body goes out once this is set
+    ranged: bool = False  # only requests with a Range header (a delta's, not the whole part's download)
 
 
 @dataclass
@@ -138,10 +139,10 @@ class UpstreamServer:
 
     # -- used by the handler -----------------------------------------------------------------
 
-    def take_fault(self, path: str, agent: str = "") -> Fault | None:
+    def take_fault(self, path: str, agent: str = "", ranged: bool = False) -> Fault | None:
         with self.lock:
             queue = self.faults.get(path) or self.faults.get("*")
-            if not queue or not agent.startswith(queue[0].agent):
+            if not queue or not agent.startswith(queue[0].agent) or (queue[0].ranged and not ranged):
                 return None
             fault = queue[0]
             if fault.times is not None:
@@ -192,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         path = unquote(urlsplit(self.path).path)
-        fault = self.upstream.take_fault(path, self.headers.get("User-Agent", ""))
+        fault = self.upstream.take_fault(path, self.headers.get("User-Agent", ""), "Range" in self.headers)
         if fault and fault.kind == "status":
             self._status_only(path, fault)
             return

@@ -15,14 +15,19 @@ install keeps the table it was installed from (:data:`KEPT_TOC`). Over such an i
 3. meanwhile, the new tree is written by the same safe extraction as a full install (:func:`safe_extract`:
    the same checks of names, kinds and links) from the new table's entries, each file from its chunks; a
    file that needs a member still on its way waits for it (so the download and the writing overlap), and
-   a chunk that does not match its sha256 is fetched from the release instead.
+   a chunk that does not match its sha256 (or whose file is no longer a regular file inside the install:
+   a FIFO, a link loop, a link out of it) is fetched from the release instead;
+4. the tree written is archived again and must give the parts' sha256 (:mod:`.parts_check`): the table is
+   a map of where to find bytes, never what decides what is installed.
 
-Where a delta cannot be done safely (no install of ours with a table, the server ignores Range, more
-than half of the archive to fetch, fetched bytes that do not match, a table that does not add up) it
-raises :class:`DeltaUnavailable` and the caller installs the whole release instead.
+Where a delta cannot be done safely (no install of ours with a table, the server ignores Range or drips,
+more than half of the archive to fetch, fetched bytes that do not match, a table that does not add up or
+does not describe the parts) it raises :class:`DeltaUnavailable` and the caller installs the whole
+release instead. Ctrl-C ends the answers in flight at once.
 
-Every entry's modification time is the release's source date (release.json ``source_date_epoch``), as
-the archive writer gives every entry of the tar stream (:func:`vllm_bundle.release.archive.tar_entry`).
+Every entry's modification time is the release's source date (release.json ``source_date_epoch``), and
+its mode the one the release's tar stream gives it (:func:`vllm_bundle.util.tarstream.released_mode`),
+whatever the table says.
 """
 
 from __future__ import annotations
@@ -37,21 +42,27 @@ import secrets
 import stat
 import tarfile
 import threading
+import time
 import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import requests
 import urllib3
 
-from vllm_bundle.errors import UnsafeArchiveError
+from vllm_bundle.errors import ArchiveError, InsecureURLError, UnsafeArchiveError
+from vllm_bundle.install.parts_check import archive_digests
+from vllm_bundle.runtime.smallfile import NotSmallFile, open_regular_file, read_small_bytes
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.extract import safe_extract
+from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.progress import Reporter, human_size, reported_step
-from vllm_bundle.util.transport import describe
+from vllm_bundle.util.tarstream import released_mode
+from vllm_bundle.util.transport import RetryPolicy, describe
 
 #: The table an install was made from, kept in it: what the next delta install reads.
 KEPT_TOC = ".vllm-bundle-toc.json.gz"
@@ -65,7 +76,10 @@ MAX_TOC = 128 << 20
 #: One request fetches adjacent members up to this many bytes, so that several run at a time.
 MAX_REQUEST = 8 << 20
 REQUESTS_AT_ONCE = 4
-RANGE_ATTEMPTS = 3
+#: A Range answer of N bytes must arrive whole within the read timeout plus N / this many bytes a second
+#: (256 kbit/s), however it trickles: past that it is asked again from the member it had not finished, as
+#: a cut one is; a server that drips keeps no delta going for good (#51 F2).
+LEAST_RANGE_RATE = 32 << 10
 #: Above this share of the archive to fetch, the whole release is downloaded (its parts are cached and
 #: resumable as a whole, and a Range request per member gains nothing).
 MOST_TO_FETCH = 0.5
@@ -243,13 +257,14 @@ class ChunkStore:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+        self.kept: set[str] = set()  # the chunks this run put (a delta given up leaves none behind)
 
     def _path(self, digest: str) -> Path:
         return self.cache.chunk(digest)  # refused where the cache would be written through a link
 
     def get(self, digest: str, size: int) -> bytes | None:
         try:
-            with open(self._path(digest), "rb", opener=_no_follow) as handle:
+            with open_regular_file(self._path(digest), follow=False) as handle:  # a FIFO there is a miss
                 data = handle.read(size + 1)
         except OSError:
             return None
@@ -263,21 +278,35 @@ class ChunkStore:
         return stat.S_ISREG(found.st_mode) and found.st_size == size
 
     def discard(self, digests: Iterable[str]) -> None:
-        """The chunks of an update once it is installed: made by a delta, needed by none after it."""
+        """The chunks of an update once it is installed (or given up for the whole release): made by a
+        delta, needed by none after it; and their folders, once empty."""
+        folders = set()
         for digest in set(digests):
-            self._path(digest).unlink(missing_ok=True)
+            path = self._path(digest)
+            path.unlink(missing_ok=True)
+            folders.add(path.parent)
+        for folder in folders:
+            with suppress(OSError):  # not empty: another release's chunks
+                folder.rmdir()
 
     def put(self, digest: str, data: bytes) -> None:
+        """``data`` kept under ``digest``: written beside its place, then renamed into it; what was half
+        written is removed whatever stops it, and a full disk is one line naming the cache's."""
         path = self._path(digest)
-        path.parent.mkdir(parents=True, exist_ok=True)
         scratch = path.with_name(f".{digest}.{secrets.token_hex(4)}")
-        with open(scratch, "wb", opener=_exclusive) as handle:
-            handle.write(data)
-        scratch.replace(path)
-
-
-def _no_follow(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW)
+        with raising_disk_full(
+            f"disk full while keeping a fetched chunk in the download cache {self.cache.root}",
+            "free some space or point --cache-dir / $VLLM_BUNDLE_CACHE_DIR at a larger disk",
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(scratch, "wb", opener=_exclusive) as handle:
+                    handle.write(data)
+                scratch.replace(path)
+            except BaseException:
+                scratch.unlink(missing_ok=True)
+                raise
+        self.kept.add(digest)
 
 
 def _exclusive(path: str, flags: int) -> int:
@@ -292,7 +321,7 @@ class Previous:
         self.where: dict[str, tuple[str, int, int]] = {}
         for entry, chunk in toc.chunks():
             self.where.setdefault(chunk.digest, (entry.name, chunk.at, chunk.size))
-        self._open: tuple[str, io.BufferedReader] | None = None
+        self._open: tuple[str, BinaryIO] | None = None
 
     def read(self, digest: str) -> bytes | None:
         """The chunk, read from the old install and hashed again; None where it is not there as it was
@@ -309,14 +338,17 @@ class Previous:
             return None
         return data if len(data) == size and hashlib.sha256(data).hexdigest() == digest else None
 
-    def _handle(self, name: str) -> io.BufferedReader:
+    def _handle(self, name: str) -> BinaryIO:
         if self._open is not None and self._open[0] == name:
             return self._open[1]
         self.close()
-        path = (self.root / name).resolve()  # the name as the old table gives it: never outside the install
+        try:
+            path = (self.root / name).resolve()  # the name as the old table gives it: never outside the install
+        except RuntimeError as loop:  # Python 3.11's "Symlink loop" (3.13 raises OSError): a changed file
+            raise OSError(str(loop)) from None
         if not path.is_relative_to(self.root) or path == self.root:
             raise OSError(f"{name} is not inside the previous install")
-        handle = open(path, "rb", opener=_no_follow)  # noqa: SIM115 (kept open for the file's next chunk)
+        handle = open_regular_file(path, follow=False)  # a FIFO, a device: not a file of the install
         self._open = (name, handle)
         return handle
 
@@ -332,6 +364,7 @@ class Previous:
 class Part(NamedTuple):
     location: str  # an URL, or a path of a release directory
     size: int
+    sha256: str  # as release.json gives it: what the assembled tree must archive to
 
 
 @dataclass
@@ -369,6 +402,8 @@ class MemberFetcher:
     lock: threading.Lock = field(default_factory=threading.Lock)
     kept: dict[int, threading.Event] = field(default_factory=dict)  # members on their way, set once kept
     stopped: threading.Event = field(default_factory=threading.Event)  # the install gave up: fetch no more
+    policy: RetryPolicy = field(default_factory=RetryPolicy)  # the session's: its tries and read timeout
+    answers: set[requests.Response] = field(default_factory=set)  # being read now: shut down by stop()
 
     def __post_init__(self) -> None:
         for _, chunk in self.toc.chunks():
@@ -380,6 +415,16 @@ class MemberFetcher:
         """:meth:`fetch` in ``pool``, each member awaitable (:meth:`wait_for`) as soon as it is kept."""
         self.kept.update((number, threading.Event()) for number in members)
         return pool.submit(self.fetch, members, progress)
+
+    def stop(self) -> None:
+        """No further request, and the answers being read end now: their sockets are shut down, which
+        wakes a read blocked on a stalled server (urllib3's ``HTTPResponse.shutdown``)."""
+        self.stopped.set()
+        with self.lock:
+            answers = list(self.answers)
+        for answer in answers:
+            with suppress(ValueError, RuntimeError, OSError):  # already released, or closed
+                answer.raw.shutdown()
 
     def wait_for(self, number: int, fetching: Future[None]) -> None:
         """Until member ``number`` is kept, or the fetch ``fetching`` has ended (raising why it failed)."""
@@ -400,15 +445,21 @@ class MemberFetcher:
                 last.append(number)
             else:
                 groups.append([number])
-        with ThreadPoolExecutor(REQUESTS_AT_ONCE) as pool:
+        pool = ThreadPoolExecutor(REQUESTS_AT_ONCE)
+        try:
             for done in pool.map(functools.partial(self._fetch_group, progress=progress), groups):
                 del done
+        except BaseException:  # a group failed, or Ctrl-C: the others end now, not once their answers do
+            self.stop()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
 
     def _fetch_group(self, group: list[int], progress: Callable[[int], None]) -> None:
         """The members of ``group`` in one request; one cut off is asked again from the first member it
-        had not finished (what came before it is kept), up to :data:`RANGE_ATTEMPTS` times."""
+        had not finished (what came before it is kept), up to the policy's ``attempts`` (``--retries``) times."""
         remaining, why = list(group), ""
-        for _ in range(RANGE_ATTEMPTS):
+        for _ in range(self.policy.attempts):
             if self.stopped.is_set():
                 return
             first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
@@ -423,7 +474,7 @@ class MemberFetcher:
                 why = str(err)
             finally:
                 body.close()
-        raise DeltaUnavailable(f"a Range request was cut off {RANGE_ATTEMPTS} times ({why})")
+        raise DeltaUnavailable(f"a Range request was cut off {self.policy.attempts} times ({why})")
 
     def _keep(self, number: int, compressed: bytes) -> None:
         offset, _, inflated = self.toc.members[number]
@@ -461,22 +512,46 @@ class MemberFetcher:
     def _get(self, part: Part, low: int, high: int, progress: Callable[[int], None]) -> Iterator[bytes]:
         assert self.session is not None
         headers = {"Range": f"bytes={low}-{high - 1}", "Accept-Encoding": "identity"}
+        started, seconds = time.monotonic(), self.policy.read_timeout + (high - low) / LEAST_RANGE_RATE
         try:
             with self.session.get(part.location, headers=headers, stream=True) as answer:
-                if answer.status_code != 206:
-                    raise DeltaUnavailable(
-                        f"the server answered a Range request with HTTP {answer.status_code}, not 206"
-                    )
-                expected = f"bytes {low}-{high - 1}/{part.size}"
-                if answer.headers.get("Content-Range") != expected:
-                    raise DeltaUnavailable(f"the server answered {expected} with {answer.headers.get('Content-Range')}")
                 with self.lock:
-                    self.moved.requests += 1
-                while piece := answer.raw.read1(1 << 20):
-                    self._count(len(piece), progress)
-                    yield piece
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as err:  # read1: urllib3's own
-            raise _Cut(describe(err)) from None
+                    self.answers.add(answer)
+                try:
+                    yield from self._read_answer(answer, part, (low, high), progress, (started, seconds))
+                finally:
+                    with self.lock:
+                        self.answers.discard(answer)
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as err:  # read1: urllib3's own
+            raise _Cut("the install stopped" if self.stopped.is_set() else describe(err)) from None
+        except InsecureURLError as err:  # a redirect to plain http: the whole release, if it is not redirected so
+            raise DeltaUnavailable(err.message) from None
+
+    def _read_answer(
+        self,
+        answer: requests.Response,
+        part: Part,
+        span: tuple[int, int],
+        progress: Callable[[int], None],
+        deadline: tuple[float, float],
+    ) -> Iterator[bytes]:
+        """The body of the answer to ``span`` of ``part``, checked to be that span, arriving whole within
+        ``deadline`` (started, seconds); ends early once the install stopped."""
+        (low, high), (started, seconds) = span, deadline
+        if answer.status_code != 206:
+            raise DeltaUnavailable(f"the server answered a Range request with HTTP {answer.status_code}, not 206")
+        expected = f"bytes {low}-{high - 1}/{part.size}"
+        if answer.headers.get("Content-Range") != expected:
+            raise DeltaUnavailable(f"the server answered {expected} with {answer.headers.get('Content-Range')}")
+        with self.lock:
+            self.moved.requests += 1
+        while piece := answer.raw.read1(1 << 20):
+            if self.stopped.is_set():
+                raise _Cut("the install stopped")
+            if time.monotonic() - started > seconds:
+                raise _Cut(f"a Range answer of {human_size(high - low)} did not arrive whole within {seconds:.0f} s")
+            self._count(len(piece), progress)
+            yield piece
 
     def _count(self, size: int, progress: Callable[[int], None]) -> None:
         with self.lock:
@@ -537,7 +612,8 @@ class _FileData(io.RawIOBase):
 class Sources:
     """Each chunk from the chunk cache, else the previous install, else (its member being fetched) once
     its member is kept, else fetched from the release now (a chunk the plan took for re-usable whose file
-    changed since)."""
+    changed since). ``room``: the compressed bytes such fetches may add to the plan's before the delta
+    has fetched more than half of the archive after all, and gives up for the whole release."""
 
     def __init__(
         self,
@@ -547,9 +623,10 @@ class Sources:
         fetching: Future[None],
         reporter: Reporter,
         progress: Callable[[int], None],
+        room: int,
     ) -> None:
         self.store, self.previous, self.fetcher, self.fetching = store, previous, fetcher, fetching
-        self.reporter, self.progress = reporter, progress
+        self.reporter, self.progress, self.room = reporter, progress, room
         self.reused = 0
 
     def chunk(self, chunk: Chunk) -> bytes:
@@ -563,6 +640,11 @@ class Sources:
             data = self.store.get(chunk.digest, chunk.size)
         if data is None:
             size = self.fetcher.toc.members[chunk.member][1]
+            self.room -= size
+            if self.room < 0:
+                raise DeltaUnavailable(
+                    "more than half of the archive changed after all (files of the previous install changed since)"
+                )
             with reported_step(self.reporter, "fetch a changed chunk", size, download=True) as progress:
                 self.fetcher.fetch([chunk.member], progress)
             data = self.store.get(chunk.digest, chunk.size)
@@ -578,7 +660,6 @@ class TocArchive:
 
     def __init__(self, toc: Toc, sources: Sources, mtime: int) -> None:
         self.toc, self.sources, self.mtime = toc, sources, mtime
-        self.top_mode: int | None = None
         self._chunks: dict[str, tuple[Chunk, ...]] = {}
 
     def __iter__(self) -> Iterator[tarfile.TarInfo]:
@@ -590,10 +671,10 @@ class TocArchive:
         }
         for entry in self.toc.entries:
             if entry.name == "." and entry.kind == "dir":
-                self.top_mode = entry.mode & 0o777 | 0o700
-                continue
+                continue  # the staging directory itself: 0755 once checked, as a full install leaves it
             info = tarfile.TarInfo(entry.name)
-            info.type, info.mode, info.mtime = kinds[entry.kind], entry.mode, self.mtime
+            # The mode the release's tar stream gives such an entry, whatever the table says (#51 F7)
+            info.type, info.mode, info.mtime = kinds[entry.kind], released_mode(entry.kind, entry.mode), self.mtime
             info.size, info.linkname = entry.size, entry.link
             self._chunks[entry.name] = entry.chunks
             yield info
@@ -628,10 +709,11 @@ def plan(new: Toc, previous: Previous, store: ChunkStore) -> Plan:
 def previous_toc(dest: Path) -> Toc:
     """The table the install at ``dest`` was made from (the caller has checked it is ours)."""
     try:
-        with open(dest / KEPT_TOC, "rb", opener=_no_follow) as handle:
-            data = handle.read(MAX_TOC + 1)
+        data = read_small_bytes(dest / KEPT_TOC, MAX_TOC, follow=False)
     except FileNotFoundError:
         raise DeltaUnavailable(f"the install in {dest} keeps no table of contents (an older install)") from None
+    except NotSmallFile as err:
+        raise DeltaUnavailable(str(err)) from None
     except OSError as err:
         raise DeltaUnavailable(f"cannot read {dest / KEPT_TOC}: {err.strerror}") from None
     try:
@@ -651,6 +733,9 @@ class Delta:
     mtime: int
     previous: Path
     store: ChunkStore
+    level: int  # the gzip level the release's members were compressed at
+    installers_own: Collection[str] = ()  # top-level names in the staging directory that are not the release's
+    policy: RetryPolicy = field(default_factory=RetryPolicy)  # the session's: tries, read timeout
 
 
 def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable[[str], None], source: str) -> Moved:
@@ -670,12 +755,40 @@ def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable
             f"{human_size(chosen.fetch_bytes)} of the {human_size(archive_size)} archive to fetch "
             f"({len(chosen.fetch)} of {len(delta.toc.members)} members)"
         )
-        fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store)
+        fetcher = MemberFetcher(delta.toc, delta.parts, delta.session, delta.store, policy=delta.policy)
         sources = _assemble_while_fetching(delta, chosen, fetcher, previous, staging, reporter, source)
     finally:
         previous.close()
+    check_assembled(delta, staging, reporter)
+    staging.chmod(released_mode("dir", 0))
     fetcher.moved.reused = sources.reused
     return fetcher.moved
+
+
+def check_assembled(delta: Delta, staging: Path, reporter: Reporter) -> None:
+    """The tree in ``staging`` archives to the release's parts (:mod:`.parts_check`), else
+    DeltaUnavailable: the table of contents did not describe them."""
+    total = sum(entry.size for entry in delta.toc.entries if entry.kind == "reg")
+    try:
+        with reported_step(reporter, "check against the parts", total) as checked:
+            digests = archive_digests(
+                staging,
+                delta.mtime,
+                [inflated for _, _, inflated in delta.toc.members],
+                [part.size for part in delta.parts],
+                delta.level,
+                leave_out=delta.installers_own,
+                progress=checked,
+            )
+    except ArchiveError as err:  # a link leaving the tree, a FIFO: never what safe extraction writes
+        raise DeltaUnavailable(
+            f"the tree assembled from the table of contents is not a release's: {err.message}"
+        ) from None
+    if digests != [part.sha256 for part in delta.parts]:
+        raise DeltaUnavailable(
+            "the tree assembled from the table of contents does not archive to the release's parts "
+            "(the table does not describe them)"
+        )
 
 
 def _assemble_while_fetching(
@@ -688,25 +801,27 @@ def _assemble_while_fetching(
     source: str,
 ) -> Sources:
     """The members of ``chosen`` fetched in the background while the tree is written: the download and the
-    writing of what is re-used overlap. If the writing fails, no further request is made and those in
-    flight are waited for; a failed fetch is raised once the tree is written (or as soon as a file waits
-    for a member it will not bring)."""
+    writing of what is re-used overlap. If the writing fails (or Ctrl-C), no further request is made and
+    the answers in flight are ended, not waited for; a failed fetch is raised once the tree is written (or
+    as soon as a file waits for a member it will not bring)."""
     total = sum(chunk.size for _, chunk in delta.toc.chunks())
-    with (
-        reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as fetched,
-        reported_step(reporter, "assemble", total) as assembled,
-        ThreadPoolExecutor(1) as background,
-    ):
-        fetching = fetcher.in_background(background, chosen.fetch, fetched)
-        sources = Sources(delta.store, previous, fetcher, fetching, reporter, assembled)
-        archive = TocArchive(delta.toc, sources, delta.mtime)
-        try:
-            safe_extract(archive, staging, source)
-        except BaseException as failure:
-            fetcher.stopped.set()  # no further request; the pool's exit waits for those in flight
-            if isinstance(failure, UnsafeArchiveError):
+    background = ThreadPoolExecutor(1)
+    try:
+        with (
+            reported_step(reporter, "fetch what changed", chosen.fetch_bytes, download=True) as fetched,
+            reported_step(reporter, "assemble", total) as assembled,
+        ):
+            fetching = fetcher.in_background(background, chosen.fetch, fetched)
+            room = int(MOST_TO_FETCH * sum(part.size for part in delta.parts)) - chosen.fetch_bytes
+            sources = Sources(delta.store, previous, fetcher, fetching, reporter, assembled, room)
+            try:
+                safe_extract(TocArchive(delta.toc, sources, delta.mtime), staging, source)
+            except UnsafeArchiveError as failure:
                 raise DeltaUnavailable(failure.message) from None
-            raise
-        fetching.result()
-        staging.chmod(0o755 if archive.top_mode is None else archive.top_mode)
+            fetching.result()
+    except BaseException:
+        fetcher.stop()
+        background.shutdown(wait=False, cancel_futures=True)
+        raise
+    background.shutdown()
     return sources

@@ -61,6 +61,7 @@ from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
+from vllm_bundle.util.gzip_members import compressor
 from vllm_bundle.util.parts import extract_parts
 from vllm_bundle.util.progress import human_size
 from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session, retrying
@@ -93,6 +94,8 @@ class Release:
     toc: Artifact | None = None  # the archive's table of contents, when release.json names it
     source_date: int | None = None  # every entry's modification time, when release.json gives it
     glibc: str | None = None  # the oldest glibc the bundle runs on (its measured floor), when the manifest says
+    level: int | None = None  # the gzip level of the archive's members, when release.json gives it
+    compressor: dict[str, Any] | None = None  # release.json's archive.archiver: what compressed them
 
     @property
     def assets(self) -> ReleaseAssets:
@@ -213,7 +216,11 @@ def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[st
     source_date = None if date is None else _size(date, f"{where} source_date_epoch")
     floor = _object(doc.get("floor", {}), f"{where} floor")
     glibc = None if floor.get("glibc") is None else glibc_version(floor["glibc"], f"{where} floor.glibc")
-    return dataclasses.replace(release, toc=toc, source_date=source_date, glibc=glibc)
+    level = None if archive.get("level") is None else _size(archive["level"], f"{where} archive.level")
+    compressor = None if "archiver" not in archive else _object(archive["archiver"], f"{where} archive.archiver")
+    return dataclasses.replace(
+        release, toc=toc, source_date=source_date, glibc=glibc, level=level, compressor=compressor
+    )
 
 
 def glibc_version(value: object, where: str) -> str:
@@ -482,12 +489,14 @@ def _install_locked(
     artifacts = part_artifacts(release, policy)
     toc, previous_tag = _table_of_contents(release, fetcher, say), installed_tag(dest)
     if delta and toc is not None and _ours(dest):
+        store = ChunkStore(fetcher.cache)
         try:
             with _staging(dest) as staging:
-                delta_run, moved = _install_delta(release, dest, toc, fetcher, staging, say)
+                delta_run, moved = _install_delta(release, dest, toc, fetcher, store, staging, say)
                 _put_in_place(staging, dest, release, toc)
-            delta_run.store.discard(chunk.digest for _, chunk in delta_run.toc.chunks())  # installed: not needed
+            store.discard(chunk.digest for _, chunk in delta_run.toc.chunks())  # installed: not needed
         except DeltaUnavailable as why:
+            store.discard(store.kept)  # the whole release replaces what this run fetched
             say(f"delta: {why}; downloading the whole release")
         else:
             total = sum(release.sizes.values())
@@ -520,14 +529,25 @@ def _table_of_contents(release: Release, fetcher: Fetcher, say: Callable[[str], 
 
 
 def _install_delta(
-    release: Release, dest: Path, toc: bytes, fetcher: Fetcher, staging: Path, say: Callable[[str], None]
+    release: Release,
+    dest: Path,
+    toc: bytes,
+    fetcher: Fetcher,
+    store: ChunkStore,
+    staging: Path,
+    say: Callable[[str], None],
 ) -> tuple[Delta, Moved]:
     """The new tree in ``staging``, from ``dest``'s chunks and the members of the new archive it lacks."""
     names = release.assets.parts(len(release.checksums))
-    if any(name not in release.sizes for name in names) or release.source_date is None:
-        raise DeltaUnavailable("release.json does not give every part's size and the source date")
+    if any(name not in release.sizes for name in names) or release.source_date is None or release.level is None:
+        raise DeltaUnavailable("release.json does not give every part's size, the source date and the gzip level")
+    _check_compressor(release.compressor)
     parts = [
-        Part(_asset_url(release, name) if release.is_url() else str(Path(release.location) / name), release.sizes[name])
+        Part(
+            _asset_url(release, name) if release.is_url() else str(Path(release.location) / name),
+            release.sizes[name],
+            release.checksums[name],
+        )
         for name in names
     ]
     delta = Delta(
@@ -536,9 +556,24 @@ def _install_delta(
         fetcher.session if release.is_url() else None,
         release.source_date,
         dest,
-        ChunkStore(fetcher.cache),
+        store,
+        release.level,
+        installers_own=(STAGING_MARKER,),
+        policy=fetcher.policy,
     )
     return delta, install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
+
+
+def _check_compressor(theirs: dict[str, Any] | None) -> None:
+    """A delta is checked by compressing the tree it assembled again (install/parts_check.py): only with
+    the libdeflate the release's members were compressed with does that give the parts' bytes."""
+    mine = compressor()
+    if theirs is None or any(theirs.get(key) != value for key, value in mine.items()):
+        said = "unknown" if theirs is None else f"{theirs.get('library')} {theirs.get('deflate')}"
+        raise DeltaUnavailable(
+            f"the release's archive was compressed by {str(said)[:60]}, this installer has "
+            f"{mine['library']} {mine['deflate']}: what a delta assembles could not be checked against the parts"
+        )
 
 
 def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None) -> None:

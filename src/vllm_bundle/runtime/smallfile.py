@@ -6,7 +6,7 @@ no writer and read ``/dev/zero`` until memory runs out. Here the file is opened 
 unless it is a regular file, and read to at most ``limit`` bytes (one more tells that it is larger).
 
 Written by hand: no standard or well-kept library offers a bounded, type-checked read; it is a dozen
-lines over ``os.open``/``os.fstat``/``os.read``.
+lines over ``os.open``/``os.fstat``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 #: A sysfs attribute is at most one page (``sysfs_emit`` writes into a PAGE_SIZE buffer).
 PAGE = 4096
@@ -23,30 +24,32 @@ class NotSmallFile(OSError):
     """The path is not a regular file, or is larger than the caller allows."""
 
 
-def read_small_bytes(path: Path, limit: int = PAGE, *, head: bool = False) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them; :class:`NotSmallFile` when it
-    is something else (FIFO, device, directory, socket) or larger (``head``: its first ``limit`` bytes
-    instead); other :class:`OSError` as raised."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+def open_regular_file(path: Path, *, follow: bool = True) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file: opened non-blocking (a FIFO with no writer
+    does not hang the open), and :class:`NotSmallFile` for anything else (FIFO, device, directory,
+    socket). ``follow=False``: a symbolic link at ``path`` itself is refused too (``O_NOFOLLOW``: ELOOP)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | (0 if follow else os.O_NOFOLLOW)
     descriptor = os.open(path, flags)
     try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
             raise NotSmallFile(f"{path} is not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(descriptor, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
+    except BaseException:
         os.close(descriptor)
-    if size > limit and head:
-        return b"".join(chunks)[:limit]
-    if size > limit:
+        raise
+    return os.fdopen(descriptor, "rb")  # O_NONBLOCK means nothing to a regular file's reads
+
+
+def read_small_bytes(path: Path, limit: int = PAGE, *, head: bool = False, follow: bool = True) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them; :class:`NotSmallFile` when it
+    is something else (FIFO, device, directory, socket) or larger (``head``: its first ``limit`` bytes
+    instead); other :class:`OSError` as raised. ``follow``: as :func:`open_regular_file`."""
+    with open_regular_file(path, follow=follow) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit and head:
+        return data[:limit]
+    if len(data) > limit:
         raise NotSmallFile(f"{path} is larger than {limit} bytes")
-    return b"".join(chunks)
+    return data
 
 
 def read_small_text(path: Path, limit: int = PAGE, *, head: bool = False) -> str:
