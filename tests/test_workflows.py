@@ -4,6 +4,7 @@ and wired to the same nox sessions a laptop runs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -220,7 +221,7 @@ def test_the_release_matrix_is_the_recipes_list_of_targets() -> None:
     inputs = doc[True]["workflow_dispatch"]["inputs"]
     assert inputs["targets"]["default"] == "", "no list of targets of its own: empty means every target"
     plan = " ".join(step.get("run", "") for step in doc["jobs"]["plan"]["steps"])
-    assert 'targets=$(nox -s targets -- --json "${asked[@]}")' in plan
+    assert 'targets=$(nox -s targets -- --json -- "${asked[@]}")' in plan, "the names asked for are never options"
     recipes = load_recipes(ROOT / "recipes")
     assert inputs["channel"]["options"] == list(recipes.channels), "a choice input is static: it must match"
 
@@ -246,6 +247,44 @@ def test_the_readme_table_has_a_row_per_target_and_a_column_per_channel() -> Non
     assert [row.strip("|").split("|")[0].split("(")[0].strip() for row in rows] == sorted(
         recipes.targets, key=list(recipes.targets).index
     ), "one row per target, in the recipes' order"
+
+
+@pytest.mark.parametrize("asked", ["-h", "--channels", "gfx1151 --help"])
+def test_the_release_plan_step_refuses_what_is_not_a_target(asked: str, tmp_path: Path) -> None:
+    """The plan step as the workflow has it, run by bash as GitHub runs a step (-eo pipefail), its `nox -s
+    targets --` the CLI itself: a `targets` input that is an option of the verb (`-h` printed the help with
+    rc 0 into the matrix, #51) fails the step with one line naming it, and nothing goes to the outputs."""
+    doc = _load(ROOT / ".github/workflows/release.yml")
+    (step,) = [step for step in doc["jobs"]["plan"]["steps"] if step.get("id") == "plan"]
+    nox = tmp_path / "bin" / "nox"
+    nox.parent.mkdir()
+    nox.write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "-s targets --" ] || exit 99\nshift 3\n'
+        f'exec {sys.executable} -m vllm_bundle targets "$@"\n'
+    )
+    nox.chmod(0o755)
+    outputs = tmp_path / "outputs"
+    env = {**os.environ, "PATH": f"{nox.parent}:{os.environ['PATH']}", "TARGETS": asked, "CHANNEL": "nightly"}
+    env["GITHUB_OUTPUT"] = str(outputs)
+    result = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0, result.stdout
+    assert result.stderr.strip().splitlines()[-1].startswith("error: unknown target '-"), result.stderr
+    assert not outputs.exists() or "targets=" not in outputs.read_text()
+    fine = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        env={**env, "TARGETS": "gfx1151"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fine.returncode == 0, fine.stderr
+    assert 'targets=["gfx1151"]' in outputs.read_text()
 
 
 def test_the_targets_verb_prints_the_one_list() -> None:
