@@ -208,6 +208,38 @@ def test_wheels_may_ship_the_same_file_with_the_same_bytes_but_not_other_bytes(t
     assert (layout.site / shared).read_bytes() == b"", "the first file is left as it was"
 
 
+#: A wheel member that leaves the stage: from site-packages (lib/python3.12/site-packages, four levels
+#: down) and from the ``data`` scheme (the stage's root). Either lands at ``<tmp_path>/x``.
+ESCAPING_MEMBERS = ["../../../../x", "pkg-1.data/data/../x"]
+
+
+@pytest.mark.parametrize("outside", [None, b"x = 1\n", b"other bytes\n"], ids=["absent", "same-bytes", "other-bytes"])
+@pytest.mark.parametrize("member", ESCAPING_MEMBERS, ids=["site-packages", "data"])
+def test_a_wheel_file_outside_the_stage_is_refused_whatever_is_there(
+    member: str, outside: bytes | None, tmp_path: Path
+) -> None:
+    """Issue #51 F9: a member that escapes the stage is refused by the path check alone, before the file
+    already there (a file wheels share) is compared or read. With the same bytes outside it used to install
+    and name the outside file in RECORD; with other bytes its message told that the outside file exists."""
+    target = tmp_path / "x"
+    if outside is not None:
+        target.write_bytes(outside)
+    wheel = make_wheel(tmp_path / "w", "pkg", "1", "py3-none-any", {"pkg/__init__.py": b"", member: b"x = 1\n"})
+    layout = Layout(tmp_path / "root", "3.12")
+    layout.site.mkdir(parents=True)  # the stage, as the python stage left it
+    escaping = member.removeprefix("pkg-1.data/data/")
+    with pytest.raises(AssembleError) as refused:
+        install_wheels(layout, [wheel])
+    assert str(refused.value) == (
+        f"cannot install pkg-1-py3-none-any.whl: Attempting to write {escaping} outside of the target directory"
+        " (re-fetch it, or re-lock)"
+    ), "the same one line whether or not a file is there, and nothing said of it"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["root", "w", *(["x"] if outside else [])])
+    assert (target.read_bytes() if outside is not None else None) == outside, "the outside file is untouched"
+    records = [record.read_text() for record in (tmp_path / "root").rglob("RECORD")]
+    assert not any("../" in text for text in records), records
+
+
 def _rewrite_wheel(wheel: Path, change: Callable[[str, bytes], bytes | None]) -> Path:
     """``wheel`` with each member passed through ``change`` (None: left out), its RECORD kept as it was."""
     changed = wheel.with_name(f"changed-{wheel.name}")

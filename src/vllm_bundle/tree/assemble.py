@@ -92,7 +92,11 @@ class _SharedFilesDestination(SchemeDictionaryDestination):
     overwrites it). A different file at the same path is still refused."""
 
     def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
-        target = Path(self.scheme_dict[scheme]) / path
+        # installer's own path, made by its own check (ValueError "Attempting to write ... outside of the
+        # target directory"), before anything is looked at there: else a ``../x`` member whose target
+        # exists outside the stage was compared with it, installed and recorded when its bytes matched,
+        # and said to differ when they did not, telling the wheel's author what is outside (issue #51).
+        target = self._path_with_destdir(scheme, path)
         if not target.exists():
             return super().write_to_fs(scheme, path, stream, is_executable)
         with tempfile.TemporaryFile() as incoming:
