@@ -4,7 +4,9 @@ and only it, named with its source."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import random
 import re
 import subprocess
@@ -30,7 +32,7 @@ from tests.upstream.fixture import (
 from tests.upstream.server import Fault, LoopbackServer, UpstreamServer
 from vllm_bundle.inputs import remote_wheel
 from vllm_bundle.inputs.remote_wheel import open_wheel
-from vllm_bundle.util.transport import RetryPolicy, make_session
+from vllm_bundle.util.transport import PAGE_LIMIT, RetryPolicy, make_session
 
 FACTS = REPO / "tests" / "upstream" / "facts.toml"
 INDEX = {
@@ -338,3 +340,116 @@ def test_a_wheel_member_larger_than_an_answer_may_be_is_read_in_ranges_that_are_
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+# -- #51 F6: index pages listing far more files than any index does ------------------------------------
+
+#: Files on each page the crowded host serves: the issue's 200,000, a 41 MiB page (under PAGE_LIMIT).
+CROWDED_LINKS = 200_000
+
+
+class _Crowded(BaseHTTPRequestHandler):
+    """Every ``/index/<project>/`` page lists :data:`CROWDED_LINKS` wheels (each with its own version and a
+    #sha256 fragment); anything else is an empty page (the probe's release checksums: a fact that differs,
+    not an error, so the probe goes on to the index pages)."""
+
+    protocol_version = "HTTP/1.1"
+    page: ClassVar[bytes] = b""
+    content_type: ClassVar[str] = "text/html"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = self.page if self.path.startswith("/index/") and self.path.count("/") == 3 else b""
+        self.send_response(200)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):  # the client gave up on the page
+            self.wfile.write(body)
+
+
+def _crowded_page(links: int) -> bytes:
+    digest = "0" * 64
+    return "".join(
+        f'<a href="../../files/torch-2.9.{i}+rocm7.10.0-cp312-cp312-linux_x86_64.whl#sha256={digest}">'
+        f"torch-2.9.{i}+rocm7.10.0-cp312-cp312-linux_x86_64.whl</a><br/>\n"
+        for i in range(links)
+    ).encode()
+
+
+@pytest.fixture
+def crowded() -> Iterator[str]:
+    """A loopback host whose index pages each list :data:`CROWDED_LINKS` files; its URL."""
+    _Crowded.page, _Crowded.content_type = _crowded_page(CROWDED_LINKS), "text/html"
+    server = LoopbackServer(("127.0.0.1", 0), _Crowded)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+#: The CLI with its address space capped at the issue's 2 GiB.
+CAPPED_2G = CAPPED.replace("(3 << 29, 3 << 29)", "(2 << 30, 2 << 30)")
+
+
+def test_index_pages_of_200000_files_are_one_line_in_bounded_memory(crowded: str) -> None:
+    """Before the fix: each page (41 MiB, under the 64 MiB bound) became 200,000 parsed links kept for the
+    whole run (~90 MiB of objects a page, more while parsing), page after page, until MemoryError after
+    ~100 s under a 2 GiB cap. Now a page is refused at the first link past the most any index lists."""
+    assert len(_Crowded.page) < PAGE_LIMIT, "premise: each page is within the bound on bytes"
+    argv = ["probe", "gfx1151", "--channel", "stable", "--mirror", f"{crowded}/releases/"]
+    argv += ["--therock-index", f"{crowded}/index/", "--pypi-index", f"{crowded}/index/"]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CAPPED_2G, *argv], capture_output=True, text=True, timeout=60, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("probe kept parsing the crowded pages for 60 s")
+    assert "MemoryError" not in result.stderr, result.stderr[-2000:]
+    last = assert_one_line_error(result, f"{crowded}/index/", "lists more than 100,000 files")
+    assert result.returncode == 7, last  # InputError: what a host sent is not what the tool reads
+
+
+def test_pages_within_the_bound_on_each_are_bounded_in_all(
+    crowded: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The probe keeps every page it reads for the run: pages each within the bound on one page are bounded
+    in their sum too, refused at the page that passes it (here the third, torchvision: 3 x 1,000 > 2,500)."""
+    from vllm_bundle.cli import main
+    from vllm_bundle.inputs import probe
+
+    _Crowded.page = _crowded_page(1_000)
+    monkeypatch.setattr(probe, "MOST_FILES_IN_ALL", 2_500)
+    argv = ["probe", "gfx1151", "--channel", "stable", "--mirror", f"{crowded}/releases/"]
+    assert main([*argv, "--therock-index", f"{crowded}/index/", "--pypi-index", f"{crowded}/index/"]) == 7
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (
+        "error: the index pages the probe read list more than 2,500 files in all (the last: "
+        f"{crowded}/index/torchvision/): not indexes this tool reads (check the index URLs)"
+    )
+
+
+@pytest.mark.parametrize("kind", ["html", "json"])
+def test_an_index_page_is_refused_at_the_first_file_past_the_most(crowded: str, kind: str) -> None:
+    """The bound holds for every reader of index pages (the lock too), PEP 503 HTML and PEP 691 JSON alike."""
+    from vllm_bundle.errors import InvalidValueError
+    from vllm_bundle.inputs.simple_index import JSON_TYPE, project_files
+
+    if kind == "json":
+        files = [{"filename": f"torch-2.9.{i}-py3-none-any.whl", "url": f"t{i}.whl", "hashes": {}} for i in range(6)]
+        _Crowded.page, _Crowded.content_type = json.dumps({"files": files}).encode(), JSON_TYPE
+    else:
+        _Crowded.page = _crowded_page(6)
+    with make_session(RetryPolicy(attempts=1)) as session:
+        assert len(project_files(session, f"{crowded}/index/", "torch", most=6)) == 6
+        with pytest.raises(InvalidValueError) as refused:
+            project_files(session, f"{crowded}/index/", "torch", most=5)
+    assert str(refused.value) == (
+        f"the index page {crowded}/index/torch/ lists more than 5 files: not an index page this tool reads"
+        " (check the index URL)"
+    )

@@ -23,7 +23,7 @@ from packaging.tags import parse_tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from vllm_bundle.errors import LockError, RecipeError
+from vllm_bundle.errors import InvalidValueError, LockError, RecipeError
 from vllm_bundle.inputs.facts import VERSION_PROJECTS, Facts, IndexFacts, ProjectFacts
 from vllm_bundle.inputs.locker import Sources, get_text
 from vllm_bundle.inputs.remote_wheel import metadata_of, open_wheel
@@ -34,6 +34,10 @@ from vllm_bundle.util.elf import dynamic_info
 from vllm_bundle.util.fetch import Artifact, mirror_source
 
 ABSENT_PROJECT = "vllm-bundle-probe-no-such-project"  # a project page no index has
+#: The most files the probe keeps from all the pages it reads. It keeps every page for the run (a page is
+#: looked at again by later facts), ~450 bytes a file: simple_index.MOST_FILES bounds one page, this the
+#: sum, about 450 MiB. The real indexes list a few thousand files on each of the few dozen pages read.
+MOST_FILES_IN_ALL = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class Probe:
     checked: int = 0
     differences: list[Difference] = field(default_factory=list)
     fragments: list[bool] = field(default_factory=list)  # per TheRock file listed: has a #sha256
+    kept: int = 0  # the files of every page in _pages
     _pages: dict[str, list[IndexFile] | None] = field(default_factory=dict)
 
     def expect(self, holds: bool, fact: str, found: str, source: str) -> bool:
@@ -82,6 +87,13 @@ class Probe:
                 files: list[IndexFile] | None = project_files(self.session, where.url, project)
             except LockError:  # the page is not there (403/404/410): a fact, not an error
                 files = None
+            self.kept += len(files or ())
+            if self.kept > MOST_FILES_IN_ALL:
+                raise InvalidValueError(
+                    f"the index pages the probe read list more than {MOST_FILES_IN_ALL:,} files in all (the last: "
+                    f"{where.url.rstrip('/')}/{canonicalize_name(project)}/): not indexes this tool reads",
+                    "check the index URLs",
+                )
             if files and where.index is not None:
                 self.fragments += [f.sha256 is not None for f in files]
             self._pages[key] = files

@@ -14,7 +14,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import requests
 from packaging.utils import canonicalize_name
 
-from vllm_bundle.errors import LockError, NetworkError
+from vllm_bundle.errors import InvalidValueError, LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
 from vllm_bundle.util.transport import check_url, describe
 from vllm_bundle.util.validate import sha256_hex
@@ -23,6 +23,19 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 #: What a page that is not there answers: 404 on PyPI and rocm.nightlies.amd.com, 403 on repo.amd.com (an
 #: S3 origin that may not list: ROCm/rocm-cli#194, #271), 410 where a project was removed.
 MISSING = (403, 404, 410)
+#: The most files one project's page may list: far above the few thousand the pages of the projects this
+#: tool reads list. A page within PAGE_LIMIT's 64 MiB may list hundreds of thousands, each parsed into ~450
+#: bytes of Python objects the probe keeps for its whole run: the bytes of a page do not bound the memory
+#: its parsing takes, the count of what is parsed does (issue #51: pages of 200,000 links, 41 MiB each,
+#: ended in MemoryError).
+MOST_FILES = 100_000
+
+
+def _too_many(page: str, most: int) -> InvalidValueError:
+    return InvalidValueError(
+        f"the index page {page} lists more than {most:,} files: not an index page this tool reads",
+        "check the index URL",
+    )
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,14 @@ class IndexFile:
 
 
 class _Anchors(HTMLParser):
-    def __init__(self) -> None:
+    """The (text, href) of a page's links, refused (:func:`_too_many`) at the first past ``most``: while
+    the page is parsed, before the rest of it is."""
+
+    def __init__(self, page: str, most: int) -> None:
         super().__init__()
         self.links: list[tuple[str, str]] = []
         self._href: str | None = None
+        self._page, self._most = page, most
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
@@ -46,6 +63,8 @@ class _Anchors(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if self._href is not None:
+            if len(self.links) >= self._most:
+                raise _too_many(self._page, self._most)
             self.links.append((data.strip(), self._href))
             self._href = None
 
@@ -67,10 +86,10 @@ def _epoch(stamp: str | None) -> int | None:
     return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()) if stamp else None
 
 
-def project_files(session: requests.Session, index: str, project: str) -> list[IndexFile]:
+def project_files(session: requests.Session, index: str, project: str, most: int = MOST_FILES) -> list[IndexFile]:
     """The files of ``project`` on a simple index, at its normalized name's page (PEP 503: a page's URL
     is the normalized name; TheRock's legacy indexes have ``rocm-sdk-libraries-gfx110x-all/``, never
-    ``…-gfx110X-all/``)."""
+    ``…-gfx110X-all/``). A page listing more than ``most`` is refused before its files are made."""
     page = index.rstrip("/") + f"/{canonicalize_name(project)}/"
     check_url(page)
     try:
@@ -85,6 +104,9 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
     if response.status_code != 200:
         raise NetworkError(f"the index page {page} answered HTTP {response.status_code}", UNREACHABLE_HINT)
     if response.headers.get("Content-Type", "").startswith(JSON_TYPE):
+        entries = response.json().get("files", [])
+        if len(entries) > most:
+            raise _too_many(page, most)
         return [
             IndexFile(
                 filename=entry["filename"],
@@ -93,9 +115,9 @@ def project_files(session: requests.Session, index: str, project: str) -> list[I
                 size=entry.get("size"),
                 upload_time=_epoch(entry.get("upload-time")),
             )
-            for entry in response.json().get("files", [])
+            for entry in entries
         ]
-    parser = _Anchors()
+    parser = _Anchors(page, most)
     parser.feed(response.text)
     files = []
     for text, href in parser.links:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import http.client
+import io
 import ipaddress
 import socket
 import ssl
@@ -174,12 +175,15 @@ def _read_whole(response: requests.Response, started: float, limit: int | None, 
     """Read the body of a request that is not streamed into ``response``, as requests would, but at most
     ``limit`` bytes and no later than ``deadline`` seconds after ``started``. ``read1`` returns what one
     read of the socket brings, so a body that trickles is looked at between its bytes, not after 64 KiB of
-    them. urllib3's errors become requests' as requests' own reading turns them."""
+    them. urllib3's errors become requests' as requests' own reading turns them.
+
+    The body grows in one BytesIO, whose ``getvalue`` hands over its buffer without a copy: a list of
+    chunks joined at the end held every page twice at its end (issue #51)."""
     declared = response.raw.length_remaining  # urllib3's: Content-Length, 0 for HEAD, 204 and 304
     if limit is not None and declared is not None and declared > limit:
         response.close()
         raise BodyTooLarge(limit)
-    chunks: list[bytes] = []
+    body = io.BytesIO()
     size = 0
     try:
         while chunk := response.raw.read1(_CHUNK, decode_content=True):
@@ -188,14 +192,14 @@ def _read_whole(response: requests.Response, started: float, limit: int | None, 
                 raise BodyTooLarge(limit)
             if deadline is not None and time.monotonic() - started > deadline:
                 raise BodyTooSlow(deadline)
-            chunks.append(chunk)
+            body.write(chunk)
     except BaseException as err:
         response.close()
         for theirs, ours in _AS_REQUESTS_ERRORS:
             if isinstance(err, theirs):
                 raise ours(err) from err
         raise
-    response._content = b"".join(chunks)
+    response._content = body.getvalue()
 
 
 class _PolicyAdapter(HTTPAdapter):
