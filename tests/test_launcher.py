@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -208,10 +209,12 @@ def choosing_root(root: Path) -> Path:
     return launcher
 
 
-def served(launcher: Path, *args: str) -> list[str]:
-    """The arguments the server command gets, on a Strix Halo whose GPU takes 0.74."""
+def served(launcher: Path, *args: str, shell: str | None = None, timeout: float | None = 60) -> list[str]:
+    """The arguments the server command gets, on a Strix Halo whose GPU takes 0.74; run by ``shell``
+    when given, else by the launcher's own ``#!/bin/sh``."""
     env = {"PATH": "/usr/bin:/bin", HOST_ROOT_VARIABLE: str(HOSTS / "strix-halo"), "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run([str(launcher), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    command = [*([shell] if shell else []), str(launcher), *args]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert result.returncode == 0, result.stderr
     argv: list[str] = json.loads(result.stdout)
     return argv
@@ -242,3 +245,51 @@ def test_words_after_a_callers_double_dash_choose_nothing(root: Path) -> None:
     assert served(launcher, "model", "--", *after) == [*SERVE, "model", *OURS, "--", *after]
     chosen = ["--attention-backend", "ROCM_ATTN", "--gpu-memory-utilization", "0.5"]
     assert served(launcher, "model", *chosen, "--", "x") == [*SERVE, "model", *chosen, "--", "x"]
+
+
+# -- many arguments (issue #51, F5) ----------------------------------------------------------------------
+
+# Words a caller may pass that a shell could mangle: each must reach vLLM as given, none expanded.
+HOSTILE = [
+    "",
+    "a b",
+    "line\nbreak",
+    "*",
+    "$HOME",
+    "${1}",
+    "$(echo no)",
+    "`echo no`",
+    "-x",
+    "--port=1",
+    'it\'s "q"',
+    "\\",
+]
+SHELLS = [
+    pytest.param(shell, marks=pytest.mark.skipif(shutil.which(shell) is None, reason=f"no {shell}"))
+    for shell in ("dash", "bash")
+]
+
+
+@pytest.mark.timeout(120)  # the quadratic launcher (E9) took minutes here; a linear one well under a second
+@pytest.mark.parametrize("shell", SHELLS)
+def test_fifty_thousand_arguments_pass_through_in_order(root: Path, shell: str) -> None:
+    """The launcher places its options among the caller's arguments in time linear in their number, and
+    keeps every one as given, in order: /bin/sh is dash on Debian and bash on Fedora, so both."""
+    words = [HOSTILE[i % len(HOSTILE)] if i % 2 else f"w{i}" for i in range(50_000)]
+    before, after = words[:25_000], [*words[25_000:30_000], "--", *words[30_000:-1]]  # only the first -- ends them
+    assert served(choosing_root(root), *before, "--", *after, shell=shell, timeout=None) == [
+        *SERVE,
+        *before,
+        *OURS,
+        "--",
+        *after,
+    ]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_hostile_words_are_kept_by_either_shell(root: Path, shell: str) -> None:
+    launcher = choosing_root(root)
+    assert served(launcher, "model", *HOSTILE, shell=shell) == [*SERVE, "model", *HOSTILE, *OURS]
+    both = [*SERVE, "model", *HOSTILE, *OURS, "--", *HOSTILE, "--", ""]
+    assert served(launcher, "model", *HOSTILE, "--", *HOSTILE, "--", "", shell=shell) == both
+    assert served(launcher, shell=shell) == [*SERVE, *OURS], "no arguments: only ours"

@@ -57,25 +57,46 @@ case $utilization in
 esac
 
 # The options the launcher adds go before a caller's `--` (after it, vLLM would take them as positional
-# arguments), or at the end when there is none; never first, where vLLM expects the model. Each argument
-# is taken from the front and put back at the end, in order, ours put in where the first `--` is.
-left=$#
-placed=no
-while :; do
-    if [ "$placed" = no ] && { [ "$left" -eq 0 ] || [ "$1" = -- ]; }; then
-        placed=yes
-        if [ "$attention" = add ]; then
-            set -- "$@" @ATTENTION_FLAG@ @ATTENTION_BACKEND@
-        fi
-        if [ -n "$utilization" ]; then
-            set -- "$@" --gpu-memory-utilization "$utilization"
-        fi
-    fi
-    [ "$left" -gt 0 ] || break
-    set -- "$@" "$1"
-    shift
-    left=$((left - 1))
+# arguments), or at the end when there is none; never first, where vLLM expects the model. They are
+# written as references to variables, so the `eval`s below expand them, and no word of the caller's is
+# itself ever eval'd: only references to the arguments are.
+ours=
+if [ "$attention" = add ]; then
+    attention_flag=@ATTENTION_FLAG@
+    attention_backend=@ATTENTION_BACKEND@
+    ours=' "$attention_flag" "$attention_backend"'
+fi
+if [ -n "$utilization" ]; then
+    ours="$ours"' --gpu-memory-utilization "$utilization"'
+fi
+# The argument list is rebuilt once, in time linear in its length (issue #51: `set -- "$@" "$1"; shift`
+# once per argument copied the whole list each time, and 50,000 arguments took minutes).
+at=1
+for arg in "$@"; do
+    case $arg in
+        --) break ;;
+    esac
+    at=$((at + 1))
 done
+if [ -n "${BASH_VERSION-}" ]; then
+    # bash keeps ${10} and on in a linked list (each such reference walks it from the start), but cuts
+    # "$@" in one pass. bash-only syntax, so other shells never parse it: it is inside the eval'd text.
+    eval 'set -- "${@:1:at-1}"'"$ours"' "${@:at}"'
+else
+    # dash and the other shells keep the arguments in an array: a list of references "${1}" "${2}" ...,
+    # ours among them, written by a subshell whose output is read once (appending them one by one to a
+    # variable would copy it once per argument).
+    refs=$(
+        i=1
+        while [ "$i" -le $# ]; do
+            [ "$i" -ne "$at" ] || printf %s "$ours"
+            printf ' "${%d}"' "$i"
+            i=$((i + 1))
+        done
+        [ "$at" -le $# ] || printf %s "$ours"
+    )
+    eval "set -- $refs"
+fi
 
 # Every process vLLM starts (its EngineCore, workers) dies with this one, even on SIGKILL: the bundle's
 # @RUNTIME@.orphans, run at each start-up of the bundled python, ties a child to this pid.
