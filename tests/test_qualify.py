@@ -5,13 +5,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
+import signal
 import struct
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from importlib import resources
 from pathlib import Path
 
+import psutil
 import pytest
 import zstandard
 
@@ -21,6 +26,7 @@ from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from tests.upstream.packaging_fixtures import needing_version
 from tests.upstream.registry import RegistryServer
 from vllm_bundle.errors import RecipeError
+from vllm_bundle.qualify.bounded import run_bounded
 from vllm_bundle.qualify.tier0 import check_device_code, manylinux_libraries
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree.assemble import Layout
@@ -505,3 +511,130 @@ def test_gfx950_code_objects_from_a_real_compiler_are_read_like_any_other(
     report = json.loads((tmp_path / "report.json").read_text())
     (check,) = [c for c in report["checks"] if c["name"] == "vllm-device-code"]
     assert check["passed"] and "4 carry code for gfx950" in check["summary"], check
+
+
+# -- the bundle's own code, run with a bound that holds (issue #51, F4) -----------------------------------
+
+KERNELS = f"{SITE}/vllm/third_party/triton_kernels"
+BOUND_S = 5  # tier 0's bound on the bundle's python (IMPORT_TIMEOUT_S), made short for these tests
+#: `vllm-bundle` as a user runs it (its own process: its exit code and stderr as they are), the bound shortened.
+BOUNDED_CLI = f"""import sys
+import vllm_bundle.qualify.tier0 as tier0
+tier0.IMPORT_TIMEOUT_S = {BOUND_S}
+from vllm_bundle.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+#: triton_kernels modules that never let the import end: one that hangs; one whose forked child holds the
+#: interpreter's stdout (and sleeps) after the interpreter itself is done. Each notes the pid that lingers.
+HANGS = """import os, time
+with open({pids!r}, "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+time.sleep(3600)
+"""
+FORKS = """import os, time
+child = os.fork()
+if child == 0:
+    time.sleep(3600)
+    os._exit(0)
+with open({pids!r}, "a") as f:
+    f.write(f"{{child}}\\n")
+"""
+
+
+def _alive_then_killed(pids: Path) -> list[int]:
+    """The planted processes still running; each is then killed (a qualify that does not kill them leaves
+    them behind, and the next test must not find them)."""
+    alive = [pid for pid in map(int, pids.read_text().split()) if _running(pid)] if pids.exists() else []
+    for pid in alive:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.parametrize(
+    ("module", "cause"),
+    [
+        (HANGS, f"the bundle's python did not finish importing vLLM's triton_kernels within {BOUND_S} s (killed)"),
+        (FORKS, "the bundle's python left 1 process running after importing vLLM's triton_kernels (killed)"),
+    ],
+    ids=["hangs", "forks-a-child-holding-stdout"],
+)
+def test_a_triton_kernels_module_that_does_not_end_is_killed_and_named(
+    bundle: Path, tmp_path: Path, locked: Path, module: str, cause: str
+) -> None:
+    pids = tmp_path / "pids"
+    (bundle / KERNELS / "lingers.py").write_text(module.format(pids=str(pids)))
+    command = [sys.executable, "-c", BOUNDED_CLI, "qualify", str(bundle), "--recipes", str(locked)]
+    try:
+        result = subprocess.run(
+            [*command, "--report", str(tmp_path / "report.json")],
+            capture_output=True,
+            text=True,
+            timeout=120,  # before the fix: silent for 600 s, then a traceback
+        )
+    finally:
+        alive = _alive_then_killed(pids)
+    assert_one_line_error(result, "tier 0 qualification failed (1 of", f"triton-kernels: {cause}")
+    assert pids.read_text().split(), "premise: the planted module ran"
+    assert alive == [], "no process of the planted module outlives qualify"
+
+
+# The mechanism alone (qualify/bounded.py), on this machine's python: no bundle needed.
+PRINTS_THEN_HANGS = (
+    "import sys, time; print('started', flush=True); print('to stderr', file=sys.stderr); time.sleep(60)"
+)
+#: Each says its pid and its child's, which stays (and sleeps) when it ends.
+FORKS_THEN_ENDS = """import os, time
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), child, flush=True)
+"""
+HANGS_WITH_A_CHILD = f"{FORKS_THEN_ENDS}\ntime.sleep(60)"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that runs (a zombie does not: it has ended, and waits to be reaped by
+    its parent, or by init when its parent is gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(30)
+def test_bounded_returns_what_the_command_wrote() -> None:
+    result = run_bounded([sys.executable, "-c", "import sys; print('out'); sys.exit(3)"], env={}, timeout=20)
+    assert (result.returncode, result.stdout, result.stderr, result.left_running) == (3, "out\n", "", 0)
+
+
+@pytest.mark.timeout(30)
+def test_bounded_kills_a_command_that_does_not_end_and_keeps_what_it_wrote() -> None:
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        run_bounded([sys.executable, "-c", PRINTS_THEN_HANGS], env={}, timeout=2)
+    said = (raised.value.timeout, raised.value.output, str(raised.value.stderr))  # typeshed: stderr is bytes
+    assert said == (2, "started\n", "to stderr\n"), "what it wrote before it was killed is kept"
+
+
+def _left_running(command: str, timeout: float) -> int:
+    """Run ``command`` bounded: neither it nor its child runs once run_bounded is done; the number of its
+    processes run_bounded found running after it ended (-1: it did not end)."""
+    try:
+        result = run_bounded([sys.executable, "-c", command], env={}, timeout=timeout)
+    except subprocess.TimeoutExpired as timed_out:
+        said, left = str(timed_out.output), -1
+    else:
+        said, left = result.stdout, result.left_running
+    assert [pid for pid in map(int, said.split()) if _running(pid)] == []
+    return left
+
+
+@pytest.mark.timeout(30)  # before: subprocess.run waited for the pipe the child holds, 60 s
+def test_bounded_kills_a_child_left_running_when_the_command_ends() -> None:
+    assert _left_running(FORKS_THEN_ENDS, timeout=20) == 1, "the child left running is counted"
+
+
+@pytest.mark.timeout(30)
+def test_bounded_kills_the_children_of_a_command_that_does_not_end() -> None:
+    assert _left_running(HANGS_WITH_A_CHILD, timeout=2) == -1, "it did not end: TimeoutExpired"

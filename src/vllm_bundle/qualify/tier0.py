@@ -33,6 +33,7 @@ from packaging.version import Version
 
 from vllm_bundle.errors import MalformedRecordError, QualificationError
 from vllm_bundle.manifests import dump_json, is_part
+from vllm_bundle.qualify.bounded import run_bounded
 from vllm_bundle.qualify.floor import Floor, describe, excesses, manylinux_policy, measure
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.assemble import Layout, library_dirs
@@ -51,6 +52,14 @@ from vllm_bundle.util.parts import extract_parts
 QUALIFY_FILE = "qualify.toml"
 TORCH_MANGLED = ("_ZN3c10", "_ZNK3c10", "_ZN2at", "_ZNK2at", "_ZN5torch", "_ZNK5torch")
 SHOWN = 5  # problems listed per check
+#: Bounds on the bundle's own code that tier 0 runs (bounded.py: at one, the command's whole process
+#: group is killed and the check fails naming it). Importing torch, Triton and vLLM's triton_kernels, or
+#: the smoke imports, takes seconds on a bundle; 120 s leaves room for a cold disk cache on a loaded
+#: runner, and still names a hang in two minutes rather than after ten minutes of silence.
+IMPORT_TIMEOUT_S = 120.0
+#: The bundle's CC (zig cc) with an empty cache first builds the C runtime objects and libc stubs for its
+#: target, tens of seconds on a slow runner, before the smoke extension itself.
+COMPILE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -393,6 +402,23 @@ int vllm_bundle_cc_smoke(void) { char b[8]; snprintf(b, sizeof b, "%d", 42); ret
 SMOKE_LOAD = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).vllm_bundle_cc_smoke())"
 
 
+def _bounded(
+    command: list[str], env: dict[str, str], timeout: float, who: str, doing: str
+) -> str | subprocess.CompletedProcess[str]:
+    """The bundle's own ``command`` run by :func:`run_bounded`: its result, or what went wrong as one problem
+    line naming ``who`` ran it ("the bundle's python") and ``doing`` what ("importing vLLM's triton_kernels")."""
+    try:
+        result = run_bounded(command, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"{who} did not finish {doing} within {timeout:g} s (killed)"
+    except OSError as err:
+        return f"{who} could not be run for {doing}: {err.strerror or err}"
+    if result.left_running:
+        processes = "1 process" if result.left_running == 1 else f"{result.left_running} processes"
+        return f"{who} left {processes} running after {doing} (killed)"
+    return result
+
+
 def _last_line(result: subprocess.CompletedProcess[str]) -> str:
     return (result.stderr.strip().splitlines() or [result.stdout.strip() or f"exit status {result.returncode}"])[-1]
 
@@ -412,11 +438,15 @@ def _compile_problem(there: Layout, work: Path) -> str | None:
     include = there.root / "include" / f"python{there.minor}"
     cc = [str(there.root / WRAPPER), str(source), "-O3", "-shared", "-fPIC", "-Wno-psabi", "-o", str(library)]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ZIG_GLOBAL_CACHE_DIR": str(work / "zig-cache")}
-    built = subprocess.run([*cc, f"-I{include}"], env=env, capture_output=True, text=True, check=False, timeout=600)
+    built = _bounded([*cc, f"-I{include}"], env, COMPILE_TIMEOUT_S, "the bundle's CC", "building a C extension")
+    if isinstance(built, str):
+        return built
     if built.returncode != 0:
         return f"the bundle's CC could not build a C extension: {_first_error(built)}"
     load = [str(there.python), "-P", "-c", SMOKE_LOAD, str(library)]
-    loaded = subprocess.run(load, env=env, capture_output=True, text=True, check=False, timeout=600)
+    loaded = _bounded(load, env, IMPORT_TIMEOUT_S, "the bundle's python", "loading the C extension its CC built")
+    if isinstance(loaded, str):
+        return loaded
     if loaded.returncode != 0 or loaded.stdout.strip() != "42":
         return f"the C extension the bundle's CC built does not load: {_last_line(loaded)}"
     return None
@@ -473,7 +503,9 @@ def check_triton_kernels(layout: Layout) -> CheckResult:
     env = {"LD_LIBRARY_PATH": ":".join(str(layout.site / d) for d in library_dirs(layout)), "PYTHONNOUSERSITE": "1"}
     # -B: the bundle is a finished stage; importing writes no __pycache__ into it
     command = [str(layout.python), "-B", "-P", "-c", TRITON_KERNELS_IMPORTS]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+    result = _bounded(command, env, IMPORT_TIMEOUT_S, "the bundle's python", "importing vLLM's triton_kernels")
+    if isinstance(result, str):
+        return CheckResult("triton-kernels", False, "triton and vLLM's triton_kernels", [result])
     try:
         found = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -495,10 +527,12 @@ def check_relocated_smoke(layout: Layout, rules: QualifyRules) -> CheckResult:
         there = Layout(moved, layout.minor)
         env = {"LD_LIBRARY_PATH": ":".join(str(there.site / d) for d in library_dirs(there)), "PYTHONNOUSERSITE": "1"}
         code = "; ".join(f"import {module}" for module in rules.smoke_imports)
-        result = subprocess.run(
-            [str(there.python), "-P", "-c", code], env=env, capture_output=True, text=True, check=False, timeout=600
-        )
-        problems = [] if result.returncode == 0 else [f"import failed: {_last_line(result)}"]
+        doing = f"importing {', '.join(rules.smoke_imports)}"
+        result = _bounded([str(there.python), "-P", "-c", code], env, IMPORT_TIMEOUT_S, "the bundle's python", doing)
+        if isinstance(result, str):
+            problems = [result]
+        else:
+            problems = [] if result.returncode == 0 else [f"import failed: {_last_line(result)}"]
         compiled = None if toolchain_problems(moved) else _compile_problem(there, Path(tmp))  # else c-toolchain says
         problems += [compiled] if compiled else []
     summary = f"moved elsewhere, imports {', '.join(rules.smoke_imports)}; its CC builds a C extension it loads"
