@@ -649,3 +649,23 @@ def test_a_range_redirected_to_plain_http_gets_the_full_download(
     (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
     assert "refusing to download http://192.0.2.1/part" in line, line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+
+
+@pytest.mark.parametrize("level", [13, -1, "6"])
+def test_a_gzip_level_libdeflate_has_not_is_refused_in_one_line(
+    level: object, releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """release.json's archive.level is what a delta compresses its tree at to check it: a level libdeflate
+    does not have (0-12) makes release.json not one of ours, refused in one line like any other field that
+    is wrong, never a traceback from the compressor."""
+    case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"
+    published = upstream.root / "levels" / case / TAG
+    shutil.copytree(releases.new_dir, published)
+    release = json.loads((published / RELEASE_JSON).read_text())
+    release["archive"]["level"] = level
+    (published / RELEASE_JSON).write_text(json.dumps(release))
+    dest = previous(releases, tmp_path)
+    before = tree_with_times(dest)
+    result = install(f"{upstream.url}/levels/{case}/{TAG}/", dest, tmp_path / "cache")
+    assert_one_line_error(result, "archive.level")
+    assert tree_with_times(dest) == before

@@ -79,6 +79,7 @@ SCRATCH_SUFFIX = "-[a-z0-9_]{8}"
 #: Seconds to wait for the destination's lock before saying that another install holds it.
 LOCK_NOTICE_AFTER = 1.0
 BAD_RELEASE_HINT = "the release is damaged or was tampered with: do not install it"
+MOST_GZIP_LEVEL = 12  # libdeflate's highest
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,14 @@ def _size(value: object, where: str) -> int:
     return value
 
 
+def _gzip_level(value: object, where: str) -> int:
+    """A gzip level libdeflate has (0-12): what a delta compresses its tree at to check it."""
+    level = _size(value, where)
+    if level > MOST_GZIP_LEVEL:
+        raise ManifestError(f"{where} is {level}, not a gzip level (0-{MOST_GZIP_LEVEL})", BAD_RELEASE_HINT)
+    return level
+
+
 def plain_name(value: object, where: str) -> str:
     """``value`` if it is one plain name (a tag: letters, digits, ``.``, ``_``, ``+``, ``-``; no ``/``, no
     ``..``, no NUL); ``where`` names the file and field it came from."""
@@ -216,7 +225,7 @@ def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[st
     source_date = None if date is None else _size(date, f"{where} source_date_epoch")
     floor = _object(doc.get("floor", {}), f"{where} floor")
     glibc = None if floor.get("glibc") is None else glibc_version(floor["glibc"], f"{where} floor.glibc")
-    level = None if archive.get("level") is None else _size(archive["level"], f"{where} archive.level")
+    level = None if archive.get("level") is None else _gzip_level(archive["level"], f"{where} archive.level")
     compressor = None if "archiver" not in archive else _object(archive["archiver"], f"{where} archive.archiver")
     return dataclasses.replace(
         release, toc=toc, source_date=source_date, glibc=glibc, level=level, compressor=compressor
