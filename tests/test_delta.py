@@ -103,6 +103,13 @@ def part_requests(upstream: UpstreamServer, tag: str = TAG) -> list[tuple[str | 
     ]
 
 
+def why_the_whole_release(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a successful install that says why it downloaded the whole release, not a delta."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    return line
+
+
 def archive_size(release_dir: Path) -> int:
     return int(json.loads((release_dir / RELEASE_JSON).read_text())["archive"]["size"])
 
@@ -218,8 +225,7 @@ def test_a_server_that_does_not_answer_the_range_gets_the_full_download(
     for part in new:
         upstream.inject(f"/releases/download/{TAG}/{part.name}", fault)
     result = install(releases.new, dest, tmp_path / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert why in line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
@@ -308,8 +314,7 @@ def test_a_table_that_does_not_describe_the_parts_gets_the_full_download(
     url = _lying_release(lie, releases, upstream, tmp_path)
     dest = previous(releases, tmp_path)
     result = install(url, dest, tmp_path / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert "does not archive to the release's parts" in line, line
     installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
@@ -380,8 +385,7 @@ def test_a_table_that_lies_gets_the_full_download(
     url = _lying_release(lie, releases, upstream, tmp_path)
     dest = previous(releases, tmp_path)
     result = install(url, dest, tmp_path / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert why in line
     installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC), "the table kept is the one released (a hint only)"
@@ -512,8 +516,7 @@ def test_a_fifo_for_the_kept_table_gets_the_full_download_in_one_line(
     (dest / KEPT_TOC).unlink()
     os.mkfifo(dest / KEPT_TOC)
     result = install(releases.new, dest, tmp_path / "cache", timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert "not a regular file" in line, line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
@@ -535,8 +538,7 @@ def test_range_answers_that_drip_get_the_full_download(
         upstream.inject(path, Fault("throttle", rate=20, times=None, ranged=True))
     dest = previous(releases, tmp_path)
     result = install(releases.new, dest, tmp_path / "cache", "--read-timeout", "2", "--retries", "2", timeout=150)
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert "cut off 2 times" in line and "did not arrive whole within" in line, line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
     chunks = tmp_path / "cache" / "chunks"
@@ -628,8 +630,7 @@ def test_files_changed_since_count_towards_more_than_half(
         if path.is_file() and not path.is_symlink() and path.name not in INSTALLERS_OWN:
             path.write_bytes(os.urandom(path.stat().st_size))
     result = install(releases.new, dest, tmp_path / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert "more than half of the archive changed after all" in line, line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
     chunks = tmp_path / "cache" / "chunks"
@@ -645,8 +646,7 @@ def test_a_range_redirected_to_plain_http_gets_the_full_download(
         upstream.inject(path, Fault("redirect", location="http://192.0.2.1/part", times=None, ranged=True))
     dest = previous(releases, tmp_path)
     result = install(releases.new, dest, tmp_path / "cache")
-    assert result.returncode == 0, result.stdout + result.stderr
-    (line,) = [line for line in result.stdout.splitlines() if "downloading the whole release" in line]
+    line = why_the_whole_release(result)
     assert "refusing to download http://192.0.2.1/part" in line, line
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 

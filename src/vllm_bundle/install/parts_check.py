@@ -16,6 +16,7 @@ Modes are not in question here: the delta writes each entry's mode as the releas
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
@@ -31,13 +32,13 @@ class _Cutter:
     the last size go as one more member (they cannot be the release's)."""
 
     def __init__(self, members: Members, sizes: Sequence[int]) -> None:
-        self.members, self.sizes, self.buffer, self.offset = members, list(sizes), bytearray(), 0
+        self.members, self.sizes, self.buffer, self.offset = members, deque(sizes), bytearray(), 0
 
     def write(self, data: bytes) -> None:
         self.buffer += data
         self.offset += len(data)
         while self.sizes and len(self.buffer) >= self.sizes[0]:
-            size = self.sizes.pop(0)
+            size = self.sizes.popleft()  # (a real bundle has tens of thousands of members)
             self.members.add(bytes(self.buffer[:size]))
             del self.buffer[:size]
 
