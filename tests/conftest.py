@@ -66,11 +66,49 @@ SLOW_FIXTURES = frozenset(
 )
 
 
+#: The target x channel builds the suite makes (lock, build, tier 0, release assets), besides the shared
+#: gfx1151/stable build (``built``): every target once and every channel at least once. Each build is a
+#: whole pipeline run of 35-50 s of CPU on the suite's 2 cores, and the 22 of the whole matrix took a third
+#: of the suite's CPU; what a target changes (its ISAs: the lock's device packages, vLLM's code objects,
+#: tier 0's reading) and what a channel changes (its torch, SDK and index layout) are each built here, and
+#: every pair a channel serves is locked here (test_channels.py). The other pairs are built with
+#: ``--full-matrix`` (`.ci/run --full-matrix tests/test_channels.py tests/test_targets.py`: CI's
+#: full-matrix job, docs/testing.md). Stable gets the targets Lemonade publishes (gfx1150, gfx110X,
+#: gfx120X); nightly the CDNA4 target only LLVM 22 knows; frozen-7.14 (torch 2.12) CDNA3; the per-family
+#: nightly-legacy an RDNA4 family of two ISAs, read from its fat binaries.
+SUITE_BUILDS: dict[str, tuple[str, ...]] = {
+    "stable": ("gfx1151", "gfx1150", "gfx110X", "gfx120X"),
+    "nightly": ("gfx950",),
+    "frozen-7.14": ("gfx942",),
+    "nightly-legacy": ("gfx120X",),
+}
+FULL_MATRIX_OPTION = "--full-matrix"
+
+
+def in_the_suite(channel: str, target: str) -> Any:
+    """The marks of a target x channel build case: none when the suite builds it (SUITE_BUILDS), else
+    ``full_matrix`` (built only with ``--full-matrix``)."""
+    return () if target in SUITE_BUILDS.get(channel, ()) else (pytest.mark.full_matrix,)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        FULL_MATRIX_OPTION,
+        action="store_true",
+        help="also build every target x channel pair the suite leaves out (tests/conftest.py SUITE_BUILDS)",
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if not config.getoption(FULL_MATRIX_OPTION):
+        left_out = [item for item in items if item.get_closest_marker("full_matrix")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("full_matrix")]
 
 
 #: Tests each of whose cases is a whole build from a lock of its own: each case is a unit of work of its own

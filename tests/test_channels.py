@@ -18,7 +18,7 @@ import pytest
 import requests
 from packaging.version import Version
 
-from tests.conftest import REPO, assert_one_line_error, bundle_args, run_cli
+from tests.conftest import REPO, SUITE_BUILDS, assert_one_line_error, bundle_args, in_the_suite, run_cli
 from tests.upstream.fixture import (
     PYPI,
     PYTHON_MINOR,
@@ -343,11 +343,27 @@ def test_a_target_a_channel_does_not_serve_is_refused_in_one_line(
     assert_one_line_error(result, f"TheRock has no per-family index for {family}", "--channel stable")
 
 
-@pytest.mark.parametrize(("channel", "target"), BUILT)
+@pytest.mark.parametrize(
+    ("channel", "target"),
+    [(c, t) for c, t in [("stable", t) for t in TARGETS] + BUILT if t not in SUITE_BUILDS[c]],
+)
+def test_every_target_a_channel_serves_is_locked_with_its_device_packages(
+    channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
+) -> None:
+    """The pairs the suite does not build (conftest.py SUITE_BUILDS; built with ``--full-matrix``) are
+    locked from their channel's own index all the same, the default channel's too: what a pair changes
+    first is what the lock takes."""
+    result = _lock(upstream, recipes_dir, channel, tmp_path / "cache", target=target)
+    assert result.returncode == 0, result.stderr
+    _assert_locked_for(target, channel, recipes_dir)
+
+
+@pytest.mark.parametrize(("channel", "target"), [pytest.param(c, t, marks=in_the_suite(c, t)) for c, t in BUILT])
 def test_every_target_is_built_qualified_and_released_on_every_channel_built_from(
     channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path
 ) -> None:
-    """Each target from a channel's own index, lock to release assets (#33): the lock holds every ISA's
+    """Each target from a channel's own index, lock to release assets (#33; the pairs of conftest.py
+    SUITE_BUILDS in the suite, every pair with ``--full-matrix``): the lock holds every ISA's
     device packages (a per-family index: the family's libraries), vLLM's own CMake builds real code objects
     for each ISA against that channel's torch (frozen-7.14: torch 2.12 on ROCm 7.14; nightly-legacy: torch
     2.9 and a per-family SDK, whose devel tree links into ``_rocm_sdk_libraries_<family>``) and SDK, tier 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, bundle_args, lock_against, run_cli
+from tests.conftest import REPO, bundle_args, in_the_suite, lock_against, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.recipes import load_recipes, load_targets
@@ -37,7 +37,9 @@ def _bundle(target: str, locked: Path, upstream: UpstreamServer, work: Path) -> 
     return [args[0], target, *(relative.get(arg, arg) for arg in args[2:])]
 
 
-@pytest.mark.parametrize("target", sorted(set(TARGETS) - COVERED_ELSEWHERE))
+@pytest.mark.parametrize(
+    "target", [pytest.param(t, marks=in_the_suite("stable", t)) for t in sorted(set(TARGETS) - COVERED_ELSEWHERE)]
+)
 def test_each_target_is_built_qualified_and_released(
     target: str, locked: Path, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
