@@ -604,8 +604,9 @@ def vllm_sdist() -> VllmSdists:
 
 @pytest.fixture(scope="session")
 def build_python() -> Path:
-    """A build interpreter for the Python-only vLLM wheel: a venv with torch (CPU) and vLLM's build
-    tools, kept between runs (keyed by what is installed)."""
+    """A build interpreter for the Python-only vLLM wheel: a venv with PyPI's torch (its CUDA build, with
+    the nvidia-* wheels it requires: PyPI has no other) and vLLM's build tools, kept for the run (keyed
+    by what is installed)."""
     requirements = [
         "torch==2.13.0",
         "setuptools>=77,<80",
