@@ -68,14 +68,14 @@ SLOW_FIXTURES = frozenset(
 
 #: The target x channel builds the suite makes (lock, build, tier 0, release assets), besides the shared
 #: gfx1151/stable build (``built``): every target once and every channel at least once. Each build is a
-#: whole pipeline run of 35-50 s of CPU on the suite's 2 cores, and the 22 of the whole matrix took a third
-#: of the suite's CPU; what a target changes (its ISAs: the lock's device packages, vLLM's code objects,
-#: tier 0's reading) and what a channel changes (its torch, SDK and index layout) are each built here, and
-#: every pair a channel serves is locked here (test_channels.py). The other pairs are built with
-#: ``--full-matrix`` (`.ci/run --full-matrix tests/test_channels.py tests/test_targets.py`: CI's
-#: full-matrix job, docs/testing.md). Stable gets the targets Lemonade publishes (gfx1150, gfx110X,
-#: gfx120X); nightly the CDNA4 target only LLVM 22 knows; frozen-7.14 (torch 2.12) CDNA3; the per-family
-#: nightly-legacy an RDNA4 family of two ISAs, read from its fat binaries.
+#: whole pipeline run of about 40 s of CPU on the suite's 2 cores, and the 22 of the whole matrix took a
+#: third of the suite's CPU (853 of 2785 s, docs/testing.md). What a target changes (its ISAs: the lock's
+#: device packages, vLLM's code objects, tier 0's reading) and what a channel changes (its torch, SDK and
+#: index layout) are each built here, and every pair a channel serves is locked here (test_channels.py).
+#: The other pairs are built with ``--full-matrix`` (`.ci/run --full-matrix tests/test_channels.py
+#: tests/test_targets.py`: CI's full-matrix job, docs/testing.md). Stable gets the targets Lemonade
+#: publishes (gfx1150, gfx110X, gfx120X); nightly the CDNA4 target only LLVM 22 knows; frozen-7.14 (torch
+#: 2.12) CDNA3; the per-family nightly-legacy an RDNA4 family of two ISAs, read from its fat binaries.
 SUITE_BUILDS: dict[str, tuple[str, ...]] = {
     "stable": ("gfx1151", "gfx1150", "gfx110X", "gfx120X"),
     "nightly": ("gfx950",),
@@ -605,8 +605,8 @@ def vllm_sdist() -> VllmSdists:
 @pytest.fixture(scope="session")
 def build_python() -> Path:
     """A build interpreter for the Python-only vLLM wheel: a venv with PyPI's torch (its CUDA build, with
-    the nvidia-* wheels it requires: PyPI has no other) and vLLM's build tools, kept for the run (keyed
-    by what is installed)."""
+    the nvidia-* wheels it requires: PyPI has no other) and vLLM's build tools, kept between runs in the
+    test cache (keyed by what is installed; .ci/run starts that cache anew)."""
     requirements = [
         "torch==2.13.0",
         "setuptools>=77,<80",
@@ -626,7 +626,9 @@ def build_python() -> Path:
 
 def _make_build_venv(venv: Path, requirements: list[str]) -> None:
     """The venv, by uv, its downloads kept with the suite's (TEST_DOWNLOADS: uv checks each wheel against
-    the index's hash): pip took about 40 s of CPU for torch alone on every run, uv a few."""
+    the index's hash), so a machine that ran the suite before installs by links from that cache. With
+    nothing cached, uv fetched and installed the 4.5 GB in 33 s (26 s of CPU) here; pip's own cache is in
+    ``$HOME``, which a clean run starts without."""
     import uv
 
     if not (venv / ".complete").exists():
