@@ -85,10 +85,14 @@ SUITE_BUILDS: dict[str, tuple[str, ...]] = {
 FULL_MATRIX_OPTION = "--full-matrix"
 
 
-def in_the_suite(channel: str, target: str) -> Any:
+#: SUITE_BUILDS as (channel, target) pairs.
+SUITE_PAIRS = frozenset((channel, target) for channel, targets in SUITE_BUILDS.items() for target in targets)
+
+
+def in_the_suite(channel: str, target: str) -> tuple[pytest.MarkDecorator, ...]:
     """The marks of a target x channel build case: none when the suite builds it (SUITE_BUILDS), else
     ``full_matrix`` (built only with ``--full-matrix``)."""
-    return () if target in SUITE_BUILDS.get(channel, ()) else (pytest.mark.full_matrix,)
+    return () if (channel, target) in SUITE_PAIRS else (pytest.mark.full_matrix,)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

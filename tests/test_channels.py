@@ -18,7 +18,7 @@ import pytest
 import requests
 from packaging.version import Version
 
-from tests.conftest import REPO, SUITE_BUILDS, assert_one_line_error, bundle_args, in_the_suite, run_cli
+from tests.conftest import REPO, SUITE_PAIRS, assert_one_line_error, bundle_args, in_the_suite, run_cli
 from tests.upstream.fixture import (
     PYPI,
     PYTHON_MINOR,
@@ -317,6 +317,10 @@ BUILT = [
 ]
 
 
+#: Every pair a channel serves, the default channel's too (it serves every target).
+SERVED = [("stable", target) for target in TARGETS] + BUILT
+
+
 def _assert_locked_for(target: str, channel: str, recipes: Path) -> None:
     """A multi-arch index's lock holds each ISA's SDK and torch device packages; a per-family index's, the
     family's libraries under their normalized project name (PEP 503: ``rocm-sdk-libraries-gfx110x-all``)."""
@@ -345,7 +349,7 @@ def test_a_target_a_channel_does_not_serve_is_refused_in_one_line(
 
 @pytest.mark.parametrize(
     ("channel", "target"),
-    [(c, t) for c, t in [("stable", t) for t in TARGETS] + BUILT if t not in SUITE_BUILDS[c]],
+    [pair for pair in SERVED if pair not in SUITE_PAIRS],
 )
 def test_every_target_a_channel_serves_is_locked_with_its_device_packages(
     channel: str, target: str, upstream: UpstreamServer, recipes_dir: Path, tmp_path: Path

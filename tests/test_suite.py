@@ -88,15 +88,15 @@ def test_the_suite_builds_every_target_and_every_channel_and_full_matrix_builds_
     """SUITE_BUILDS (conftest.py) builds each target at least once and each channel at least once, only
     pairs a channel serves; `--full-matrix` adds every other pair, and nothing else; without it they are
     deselected, never skipped (a skip would read as a pass that never ran)."""
-    from tests.conftest import SUITE_BUILDS
-    from tests.test_channels import BUILT
+    from tests.conftest import SUITE_BUILDS, SUITE_PAIRS
+    from tests.test_channels import SERVED
     from vllm_bundle.recipes import load_recipes
 
     recipes = load_recipes(REPO / "recipes")
     assert set(SUITE_BUILDS) == set(recipes.channels), "each channel is built in the suite"
-    assert {t for targets in SUITE_BUILDS.values() for t in targets} == set(recipes.targets), "each target"
-    served = {("stable", target) for target in recipes.targets} | set(BUILT)
-    assert {(c, t) for c, targets in SUITE_BUILDS.items() for t in targets} <= served
+    assert {target for _, target in SUITE_PAIRS} == set(recipes.targets), "each target"
+    served = set(SERVED)
+    assert served >= SUITE_PAIRS, "the suite builds only pairs a channel serves"
     files = ("tests/test_channels.py", "tests/test_targets.py")
     suite, full = _collected(*files), _collected(*files, "--full-matrix")
     builds = re.compile(r"::test_(?:every_target_is_built|each_target_is_built)\w*\[(?:(.+)-)?(gfx\w+)\]$")
@@ -105,8 +105,9 @@ def test_the_suite_builds_every_target_and_every_channel_and_full_matrix_builds_
         found = {m.groups() for test in collected if (m := builds.search(test))}
         return {(channel or "stable", target) for channel, target in found}
 
-    in_suite = {(c, t) for c, targets in SUITE_BUILDS.items() for t in targets} - {("stable", "gfx1151")}
-    assert pairs(suite) == in_suite, "the suite builds what SUITE_BUILDS says (gfx1151/stable: ``built``)"
+    assert pairs(suite) == SUITE_PAIRS - {("stable", "gfx1151")}, (
+        "the suite builds what SUITE_BUILDS says (gfx1151/stable: ``built``)"
+    )
     assert pairs(full) == served - {("stable", "gfx1151")}, "--full-matrix builds every pair served"
     assert suite < full and {test for test in full - suite if not builds.search(test)} == set()
 
@@ -114,8 +115,8 @@ def test_the_suite_builds_every_target_and_every_channel_and_full_matrix_builds_
 def test_the_readme_table_says_which_pairs_only_the_full_matrix_builds() -> None:
     """A cell of the README's targets x channels table says "full matrix" exactly where the suite locks the
     pair but leaves its build to `--full-matrix`."""
-    from tests.conftest import SUITE_BUILDS
-    from tests.test_channels import BUILT
+    from tests.conftest import SUITE_BUILDS, SUITE_PAIRS
+    from tests.test_channels import SERVED
 
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("| target (ISAs)") :]
@@ -125,8 +126,7 @@ def test_the_readme_table_says_which_pairs_only_the_full_matrix_builds() -> None
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         target = cells[0].split("(")[0].strip()
         for channel, cell in zip(channels, cells[1:], strict=False):
-            served = channel == "stable" or (channel, target) in BUILT
-            full_only = served and target not in SUITE_BUILDS[channel]
+            full_only = (channel, target) in SERVED and (channel, target) not in SUITE_PAIRS
             assert ("full matrix" in cell) == full_only, (target, channel, cell)
 
 
