@@ -20,8 +20,8 @@ from bench.report import Report, ratio
 from vllm_bundle.errors import NetworkError
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import PlainReporter
-from vllm_bundle.util.transport import RetryPolicy
 
 FILES = 4
 FILE_SIZE = 8 * 1024 * 1024

@@ -26,7 +26,8 @@ from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.errors import AssembleError, BundleError
 from vllm_bundle.pipeline.build import STAGE_NAMES
-from vllm_bundle.tree.assemble import Layout, install_wheels
+from vllm_bundle.tree.assemble import install_wheels
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.toolchain import WRAPPER
 from vllm_bundle.util.fsutil import sha256_file

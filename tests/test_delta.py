@@ -435,8 +435,8 @@ def test_a_chunk_fetched_while_assembling_is_shown_on_a_terminal(releases: Relea
     from vllm_bundle.install.installer import install_release, release_from_assets
     from vllm_bundle.util.cache import Cache
     from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.policy import RetryPolicy
     from vllm_bundle.util.progress import RichReporter
-    from vllm_bundle.util.transport import RetryPolicy
 
     dest = previous(releases, tmp_path)
     launcher = dest / "bin" / "vllm-server"
@@ -588,8 +588,8 @@ def test_a_full_disk_under_the_chunk_cache_is_one_line_naming_it(
     from vllm_bundle.errors import DiskFullError
     from vllm_bundle.install.installer import install_release, release_from_assets
     from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.policy import RetryPolicy
     from vllm_bundle.util.progress import PlainReporter
-    from vllm_bundle.util.transport import RetryPolicy
 
     dest = previous(releases, tmp_path)
     before = tree_with_times(dest)

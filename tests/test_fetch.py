@@ -18,8 +18,8 @@ from vllm_bundle.inputs.lockfile import BUILD_GROUP, read_lock, wheel_artifacts
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import SHOWN_MISSING, Artifact, Fetcher
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import PlainReporter
-from vllm_bundle.util.transport import RetryPolicy
 
 FAST = RetryPolicy(attempts=5, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
 BLOB_SIZE = 3 * 1024 * 1024 + 17

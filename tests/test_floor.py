@@ -109,7 +109,7 @@ def test_an_installer_reads_the_floor_of_either_manifest(tmp_path: Path) -> None
     from vllm_bundle.errors import ManifestError
     from vllm_bundle.install.installer import release_from_assets, release_from_pins
     from vllm_bundle.manifests import backend_versions
-    from vllm_bundle.util.transport import RetryPolicy
+    from vllm_bundle.util.policy import RetryPolicy
 
     tag = "vllm0.33.0-rocm10.0.0-gfx1151"
     doc = {

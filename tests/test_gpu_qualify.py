@@ -22,7 +22,7 @@ from vllm_bundle.qualify.gpu import ServeOptions, run_probe, tier1_checks, tier2
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE
 from vllm_bundle.runtime.orphans import VARIABLE as ORPHANS_VARIABLE
-from vllm_bundle.tree.assemble import Layout
+from vllm_bundle.tree.layout import Layout
 
 RULE = load_recipes(Path(__file__).parents[1] / "recipes").vllm.extension_rule("0.33.0")
 

@@ -20,8 +20,9 @@ from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.errors import CorruptCacheError, InsecureURLError, InvalidValueError
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import PlainReporter
-from vllm_bundle.util.transport import RetryPolicy, is_loopback
+from vllm_bundle.util.transport import is_loopback
 
 FAST = RetryPolicy(attempts=3, backoff=0.01, read_timeout=2.0, connect_timeout=2.0)
 

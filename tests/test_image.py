@@ -382,7 +382,7 @@ class _FlakyProxy(RegistryProxy):
 
 def test_push_retries_refused_and_dropped_uploads(base_published: RegistryServer, image_dir: Path) -> None:
     from vllm_bundle.oci.registry import Reference, RegistryClient, push_layout
-    from vllm_bundle.util.transport import RetryPolicy
+    from vllm_bundle.util.policy import RetryPolicy
 
     class Proxy(_FlakyProxy):
         target = base_published.url
@@ -405,7 +405,7 @@ def test_a_large_blob_goes_up_in_chunks_and_resumes_after_a_dropped_one(
 ) -> None:
     from vllm_bundle.oci.layout import Descriptor
     from vllm_bundle.oci.registry import RegistryClient
-    from vllm_bundle.util.transport import RetryPolicy
+    from vllm_bundle.util.policy import RetryPolicy
 
     layout = image_dir / "oci"
     _, manifest, _ = manifest_and_config(layout)
@@ -690,8 +690,8 @@ def test_a_cut_base_layer_download_resumes_where_it_stopped(base_published: Regi
     from vllm_bundle.oci.layout import Descriptor
     from vllm_bundle.oci.registry import RegistryClient, platform_manifest
     from vllm_bundle.util.cache import Cache
+    from vllm_bundle.util.policy import RetryPolicy
     from vllm_bundle.util.progress import PlainReporter
-    from vllm_bundle.util.transport import RetryPolicy
 
     class Proxy(_FlakyProxy):
         target = base_published.url

@@ -32,7 +32,8 @@ from tests.upstream.fixture import (
 from tests.upstream.server import Fault, LoopbackServer, UpstreamServer
 from vllm_bundle.inputs import remote_wheel
 from vllm_bundle.inputs.remote_wheel import open_wheel
-from vllm_bundle.util.transport import PAGE_LIMIT, RetryPolicy, make_session
+from vllm_bundle.util.policy import PAGE_LIMIT, RetryPolicy
+from vllm_bundle.util.transport import make_session
 
 FACTS = REPO / "tests" / "upstream" / "facts.toml"
 INDEX = {

@@ -29,7 +29,7 @@ from vllm_bundle.errors import RecipeError
 from vllm_bundle.qualify.bounded import run_bounded
 from vllm_bundle.qualify.tier0 import check_device_code, manylinux_libraries
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.assemble import Layout
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.records import read_record, refresh_records, verify_records
 from vllm_bundle.tree.vllm_extensions import extension_problems
 from vllm_bundle.util.elf import set_runpath

@@ -630,7 +630,7 @@ def test_an_identity_token_is_traded_for_a_registry_token(tmp_path: Path, monkey
 def test_a_resent_chunk_sets_the_blobs_progress_back(tmp_path: Path) -> None:
     """The third chunk's connection drops: the upload goes on from where the registry's session stands,
     and the progress says so (plain: a retry line between the begin and the done line)."""
-    from vllm_bundle.util.transport import RetryPolicy
+    from vllm_bundle.util.policy import RetryPolicy
 
     registry = RegistryServer(tmp_path / "registry").start()
     try:

@@ -311,7 +311,7 @@ def test_the_root_stage_refuses_a_bundle_without_its_toolchain(tmp_path: Path) -
 
 
 def test_tier0_checks_the_wrapper_and_the_zig_it_runs(root: Path) -> None:
-    from vllm_bundle.tree.assemble import Layout
+    from vllm_bundle.tree.layout import Layout
 
     passed = check_toolchain(Layout(root, PYTHON_MINOR))
     assert passed.passed, passed.problems
@@ -343,7 +343,7 @@ def tiny_bundle(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_tier0_builds_a_c_extension_with_the_moved_bundles_cc(tiny_bundle: Path) -> None:
-    from vllm_bundle.tree.assemble import Layout
+    from vllm_bundle.tree.layout import Layout
 
     rules = QualifyRules(frozenset(), (), ("json",), platform="x86_64-manylinux_2_35")
     passed = check_relocated_smoke(Layout(tiny_bundle, PYTHON_MINOR), rules)

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.transport import (
     BodyTooLarge,
     BodyTooSlow,
-    RetryPolicy,
     RetryStatus,
     describe,
     make_session,

@@ -37,7 +37,8 @@ from vllm_bundle.errors import AssembleError
 from vllm_bundle.inputs.facts import IndexFacts
 from vllm_bundle.inputs.triton_kernels import CMAKE_FILE, source_of
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.assemble import Layout, build_sdist_wheel, install_wheels
+from vllm_bundle.tree.assemble import build_sdist_wheel, install_wheels
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.util.elf import dynamic_info
 from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.offload import fatbin_isas

@@ -36,7 +36,7 @@ from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from tests.upstream.vllm_release import TRITON_KERNELS_COMMIT
 from vllm_bundle.recipes import load_recipes
-from vllm_bundle.tree.assemble import Layout, library_dirs
+from vllm_bundle.tree.layout import Layout, library_dirs
 from vllm_bundle.util.offload import fatbin_isas
 
 SITE = f"lib/python{PYTHON_MINOR}/site-packages"

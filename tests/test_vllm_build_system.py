@@ -48,7 +48,8 @@ from tests.upstream.vllm_release import STAND_INS, TOP, TRITON_KERNELS_COMMIT
 from vllm_bundle.errors import BuildError
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.tree import build_requirements, vllm_build
-from vllm_bundle.tree.assemble import Layout, install_into
+from vllm_bundle.tree.assemble import install_into
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.vllm_source import prepare_source
 from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.offload import fatbin_isas

@@ -21,11 +21,10 @@ from typing import NoReturn
 from vllm_bundle import __version__
 from vllm_bundle.errors import DEBUG_ENV, BundleError, DiskFullError, UsageError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, REPO_ENV
-from vllm_bundle.paths import default_patches, default_recipes
-from vllm_bundle.util.cache import CACHE_ENV, default_cache_dir
+from vllm_bundle.paths import CACHE_ENV, default_cache_dir, default_patches, default_recipes
 from vllm_bundle.util.ci import GitHubActions
 from vllm_bundle.util.fsutil import is_disk_full
-from vllm_bundle.util.transport import PAGE_DEADLINE, PAGE_LIMIT, RetryPolicy
+from vllm_bundle.util.policy import PAGE_DEADLINE, PAGE_LIMIT, RetryPolicy
 
 DEFAULT_CHANNEL = "stable"
 VERIFY_CACHE_ENV = "VLLM_BUNDLE_VERIFY_CACHE"
@@ -508,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
         verbs,
         "targets",
         "list the recipes' targets (or channels): the one list the workflows' matrices come from",
-        build + "cmd_targets",
+        "vllm_bundle.pipeline.workflow:cmd_targets",
     )
     targets.add_argument("names", nargs="*", metavar="NAME", help="check these and list them (default: every one)")
     targets.add_argument("--channels", action="store_true", help="list channels instead of targets")
@@ -519,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
         verbs,
         "merge-manifests",
         "merge several targets' backend_versions.json for one release",
-        build + "cmd_merge_manifests",
+        "vllm_bundle.pipeline.workflow:cmd_merge_manifests",
     )
     merge.add_argument("files", nargs="+", type=Path, metavar="FILE")
     merge.add_argument("-o", "--output", type=Path, required=True)

@@ -8,9 +8,12 @@ locks are written too; an installed wheel reads its packaged copies.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from importlib import resources
 from pathlib import Path
+
+from platformdirs import user_cache_dir
 
 
 def _packaged(name: str) -> Path:
@@ -46,3 +49,12 @@ def checkout_git(*args: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return result.stdout.strip() if result.returncode == 0 else ""
+
+
+CACHE_ENV = "VLLM_BUNDLE_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """``$VLLM_BUNDLE_CACHE_DIR``, else the user cache dir (``~/.cache/vllm-bundle`` on Linux)."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override) if override else Path(user_cache_dir("vllm-bundle", appauthor=False))

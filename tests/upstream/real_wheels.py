@@ -249,7 +249,8 @@ def torch_members(downloads: Path, pin: Pinned) -> Path:
     if (kept / ".complete").is_file():
         return kept
     from vllm_bundle.inputs.remote_wheel import open_wheel
-    from vllm_bundle.util.transport import RetryPolicy, make_session
+    from vllm_bundle.util.policy import RetryPolicy
+    from vllm_bundle.util.transport import make_session
 
     session = make_session(RetryPolicy())
     files = {f.filename: f for f in project_files(session, PYPI_URL, pin.project)}

@@ -19,7 +19,8 @@ import requests
 
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
-from vllm_bundle.util.transport import PAGE_LIMIT, check_url, describe
+from vllm_bundle.util.policy import PAGE_LIMIT
+from vllm_bundle.util.transport import check_url, describe
 
 BLOCK = 1 << 16  # bytes per range request (the central directory of a large wheel fits in a few)
 #: The most one range request asks for. zipfile reads a member's compressed bytes in one read, which a

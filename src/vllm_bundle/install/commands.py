@@ -7,6 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from platformdirs import user_data_path
 
@@ -22,14 +23,13 @@ from vllm_bundle.install.doctor import (
     render_text,
 )
 from vllm_bundle.install.gpu_detect import detect_isas, target_for_isas
-from vllm_bundle.install.installer import Release, install_release, release_from_assets, release_from_pins
 from vllm_bundle.manifests import GLIBC_VERSION, detect_target
+from vllm_bundle.paths import default_cache_dir
 from vllm_bundle.recipes import Target, load_recipes, load_targets
 from vllm_bundle.runtime.amdgpu import HOST_ROOT_VARIABLE, host_root
-from vllm_bundle.util.cache import Cache, default_cache_dir
-from vllm_bundle.util.fetch import Fetcher
-from vllm_bundle.util.progress import make_reporter
-from vllm_bundle.util.transport import RetryPolicy
+
+if TYPE_CHECKING:
+    from vllm_bundle.install.installer import Release
 
 
 def _install_target(args: argparse.Namespace) -> str | None:
@@ -117,6 +117,14 @@ def _check_host(args: argparse.Namespace, release: Release) -> None:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    # here, not at the top: ``doctor``, in this module too, needs none of the download and install
+    # code, and importing it (requests, urllib3, rich) was half of doctor's start (0.48 s of CPU)
+    from vllm_bundle.install.installer import install_release, release_from_assets, release_from_pins
+    from vllm_bundle.util.cache import Cache
+    from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.policy import RetryPolicy
+    from vllm_bundle.util.progress import make_reporter
+
     _host_root(args)  # a bad --host-root is refused before anything is downloaded
     policy = RetryPolicy(attempts=args.retries, read_timeout=args.read_timeout)
     target = _install_target(args)

@@ -60,9 +60,10 @@ from vllm_bundle.runtime.smallfile import NotSmallFile, open_regular_file, read_
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fsutil import raising_disk_full
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import Reporter, human_size, reported_step
 from vllm_bundle.util.tarstream import released_mode
-from vllm_bundle.util.transport import RetryPolicy, describe
+from vllm_bundle.util.transport import describe
 
 #: The table an install was made from, kept in it: what the next delta install reads.
 KEPT_TOC = ".vllm-bundle-toc.json.gz"

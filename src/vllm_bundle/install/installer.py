@@ -63,8 +63,9 @@ from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.gzip_members import compressor
 from vllm_bundle.util.parts import extract_parts
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import human_size
-from vllm_bundle.util.transport import RetryPolicy, check_url, describe, is_connect_failure, make_session, retrying
+from vllm_bundle.util.transport import check_url, describe, is_connect_failure, make_session, retrying
 from vllm_bundle.util.validate import sha256_hex
 
 VERSION_FILE = "version.txt"

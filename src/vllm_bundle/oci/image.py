@@ -27,7 +27,7 @@ from vllm_bundle.recipes import Table, read_toml
 from vllm_bundle.release.archive import archiver
 from vllm_bundle.tree.stage import StageResult, run_stage
 from vllm_bundle.util.cache import Cache
-from vllm_bundle.util.transport import RetryPolicy
+from vllm_bundle.util.policy import RetryPolicy
 
 STAGE_VERSION = 3  # 3: the stamp's details hold the whole image record
 RECIPE = "image.toml"

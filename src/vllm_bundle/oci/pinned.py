@@ -27,7 +27,7 @@ from vllm_bundle.oci.layout import BaseImage, Descriptor
 from vllm_bundle.oci.registry import Reference, RegistryClient, mirrored, parse_document, platform_manifest
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fsutil import atomic_write
-from vllm_bundle.util.transport import RetryPolicy
+from vllm_bundle.util.policy import RetryPolicy
 
 
 @dataclass(frozen=True)

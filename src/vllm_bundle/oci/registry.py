@@ -56,10 +56,10 @@ from vllm_bundle.oci.layout import (
 )
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Artifact, Fetcher, Source
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import PlainReporter, Reporter
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
-    RetryPolicy,
     RetryStatus,
     check_url,
     describe,

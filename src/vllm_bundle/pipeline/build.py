@@ -29,9 +29,10 @@ from vllm_bundle.oci.layout import BaseImage
 from vllm_bundle.qualify.tier0 import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.release.assets import ReleaseOptions, release_stage, source_date
-from vllm_bundle.tree.assemble import Layout, app_stage, root_stage, site_stage
+from vllm_bundle.tree.assemble import app_stage, root_stage, site_stage
 from vllm_bundle.tree.builder import DEFAULT_COMPILERS, Builder, ImageFiles, rootfs_stage
 from vllm_bundle.tree.launcher import runtime_files, template_text
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.prune import load_prune_rules
 from vllm_bundle.tree.python_stage import python_stage
 from vllm_bundle.tree.scripts import SCRIPT_DIR

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vllm_bundle.paths import default_cache_dir
 from vllm_bundle.recipes import Recipes, load_recipes
-from vllm_bundle.util.cache import Cache, default_cache_dir
+from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fetch import Fetcher
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import make_reporter
-from vllm_bundle.util.transport import RetryPolicy
 
 
 def recipes_of(args: argparse.Namespace) -> Recipes:

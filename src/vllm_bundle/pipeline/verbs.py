@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +25,7 @@ from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
 from vllm_bundle.inputs.lockfile import BUILD_GROUP, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
-from vllm_bundle.manifests import ReleaseAssets, check_repo, dump_json, merge_backend_versions, read_backend_versions
+from vllm_bundle.manifests import ReleaseAssets, check_repo
 from vllm_bundle.oci.builder import BuilderRecipe, image_files, load_builder_recipe
 from vllm_bundle.oci.image import (
     LAYOUT,
@@ -59,15 +58,15 @@ from vllm_bundle.pipeline.options import cache_of, fetcher_of, locks_dir, policy
 from vllm_bundle.qualify.commands import print_report
 from vllm_bundle.qualify.repro import build_twice, compare_asset_dirs, compare_layouts
 from vllm_bundle.qualify.tier0 import read_report
-from vllm_bundle.recipes import Recipes, Target, load_recipes
+from vllm_bundle.recipes import Recipes, Target
 from vllm_bundle.release.assets import ReleaseOptions, default_repo, source_date_from_env
 from vllm_bundle.tree.stage import StageResult, exclusive
 from vllm_bundle.tree.vllm_build import WheelBuild, prebuilt_wheel_stage, wheel_stage
 from vllm_bundle.tree.vllm_source import outcomes_of, prepare_source
 from vllm_bundle.util.fetch import Artifact, Fetcher
-from vllm_bundle.util.fsutil import atomic_write
+from vllm_bundle.util.policy import PAGE_LIMIT, RetryPolicy
 from vllm_bundle.util.progress import human_size, make_reporter
-from vllm_bundle.util.transport import PAGE_LIMIT, RetryPolicy, make_session
+from vllm_bundle.util.transport import make_session
 
 
 def locked_artifacts(recipes: Recipes, args: argparse.Namespace, target: str, channel: str) -> list[Artifact]:
@@ -488,26 +487,4 @@ def cmd_verify_repro(args: argparse.Namespace) -> int:
         f"reproducible: {count} assets of {first.name}{image} are byte-identical across two builds "
         f"(different directories, umask 022/077, TZ UTC/Pacific/Kiritimati)"
     )
-    return 0
-
-
-def cmd_merge_manifests(args: argparse.Namespace) -> int:
-    merged = merge_backend_versions([read_backend_versions(path) for path in args.files])
-    atomic_write(args.output, dump_json(merged))
-    tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
-    print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
-    return 0
-
-
-def cmd_targets(args: argparse.Namespace) -> int:
-    """The targets (or ``--channels``, the channels) of the recipes, one per line or as a JSON list: the
-    one list the release and refresh-locks workflows' matrices are made of. Names given are checked and
-    kept in their order (a workflow's ``targets`` input); none: every one, in the recipes' order."""
-    recipes = load_recipes(args.recipes)
-    if args.channels:
-        names = [recipes.channel(name).name for name in args.names] if args.names else list(recipes.channels)
-    else:
-        names = [recipes.target(name).name for name in args.names] if args.names else list(recipes.targets)
-    names = list(dict.fromkeys(names))
-    print(json.dumps(names) if args.json else "\n".join(names))
     return 0

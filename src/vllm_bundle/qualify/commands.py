@@ -8,7 +8,6 @@ from pathlib import Path
 
 from vllm_bundle.errors import UsageError
 from vllm_bundle.manifests import detect_target
-from vllm_bundle.qualify.gpu import ServeOptions, merge_into_release, qualify_gpu
 from vllm_bundle.qualify.tier0 import (
     SHOWN,
     Report,
@@ -53,6 +52,10 @@ def cmd_qualify(args: argparse.Namespace) -> int:
 
 
 def cmd_qualify_gpu(args: argparse.Namespace) -> int:
+    # here, not at the top: the GPU tiers talk HTTP to the server they start, and ``qualify`` (tier 0,
+    # run for every build) would otherwise import requests and urllib3 for nothing
+    from vllm_bundle.qualify.gpu import ServeOptions, merge_into_release, qualify_gpu
+
     recipes = load_recipes(args.recipes)
     options = ServeOptions(
         model=args.model, max_model_len=args.max_model_len, boot_timeout=args.boot_timeout, port=args.port

@@ -33,7 +33,7 @@ from vllm_bundle.manifests import RELEASE_JSON, dump_json, read_json, write_sha2
 from vllm_bundle.qualify.tier0 import CheckResult, Report
 from vllm_bundle.recipes import Target
 from vllm_bundle.runtime import amdgpu, visibility
-from vllm_bundle.tree.assemble import Layout, library_dirs
+from vllm_bundle.tree.layout import Layout, library_dirs
 from vllm_bundle.util.fsutil import atomic_write
 from vllm_bundle.util.transport import free_port
 

@@ -36,8 +36,8 @@ from vllm_bundle.manifests import dump_json, is_part
 from vllm_bundle.qualify.bounded import run_bounded
 from vllm_bundle.qualify.floor import Floor, describe, excesses, manylinux_policy, measure
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
-from vllm_bundle.tree.assemble import Layout, library_dirs
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
+from vllm_bundle.tree.layout import Layout, library_dirs
 from vllm_bundle.tree.records import read_record, records, resolve, verify_records
 from vllm_bundle.tree.relocate import dynamic_files, files_mentioning, regular_files
 from vllm_bundle.tree.stage import StageResult, run_stage

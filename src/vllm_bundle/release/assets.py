@@ -39,7 +39,7 @@ from vllm_bundle.manifests import (
 )
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.release.archive import archiver, write_archive
-from vllm_bundle.tree.assemble import Layout
+from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
 STAGE_VERSION = 7  # 7: the floor; 6: the archive in chunked gzip members, with its TOC; 5: CycloneDX 1.6

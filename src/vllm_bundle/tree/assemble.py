@@ -19,7 +19,6 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,6 +33,7 @@ from installer.utils import Scheme, copyfileobj_with_hashing
 from vllm_bundle.errors import AssembleError
 from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.tree.launcher import render_launcher, runtime_files
+from vllm_bundle.tree.layout import Layout, library_dirs
 from vllm_bundle.tree.prune import PruneRules, prune
 from vllm_bundle.tree.records import refresh_records
 from vllm_bundle.tree.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
@@ -43,36 +43,6 @@ from vllm_bundle.util.fetch import require_sha256
 
 STAGE_VERSION = 6
 AMD_SMI_PTH = "vllm-bundle-amd-smi.pth"
-#: The library path the launcher sets, in order. TheRock's own binaries find these through their RPATH;
-#: Python extensions and tools run from elsewhere (Triton's, the SDK's clang and its libomp in
-#: lib/llvm/lib, TheRock build_tools/github_actions/test_executable_scripts/pytest_runner.py) do not.
-LIBRARY_DIR_CANDIDATES = ("_rocm_sdk_core/lib", "_rocm_sdk_core/lib/llvm/lib", "_rocm_sdk_libraries*/lib", "torch/lib")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where things live inside a bundle tree."""
-
-    root: Path
-    minor: str
-
-    @property
-    def site(self) -> Path:
-        return self.root / "lib" / f"python{self.minor}" / "site-packages"
-
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / f"python{self.minor}"
-
-    def scheme(self) -> dict[str, str]:
-        """Where pypa/installer puts each part of a wheel in this tree."""
-        return {
-            "purelib": str(self.site),
-            "platlib": str(self.site),
-            "headers": str(self.root / "include" / "site" / f"python{self.minor}"),
-            "scripts": str(self.root / "bin"),
-            "data": str(self.root),
-        }
 
 
 def link_tree(src: Path, dest: Path) -> None:
@@ -316,13 +286,6 @@ def app_stage(
         return {"shebangs": len(shebangs), "rpaths": len(rpaths), "sizes": report}
 
     return run_stage(out, "app", STAGE_VERSION, inputs, build, force=force)
-
-
-def library_dirs(layout: Layout) -> list[str]:
-    found = []
-    for pattern in LIBRARY_DIR_CANDIDATES:
-        found += sorted(str(p.relative_to(layout.site)) for p in layout.site.glob(pattern) if p.is_dir())
-    return found
 
 
 def require_toolchain(layout: Layout) -> None:

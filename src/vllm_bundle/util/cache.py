@@ -30,19 +30,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from filelock import FileLock
-from platformdirs import user_cache_dir
 
 from vllm_bundle.errors import CorruptCacheError
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.validate import sha256_hex
-
-CACHE_ENV = "VLLM_BUNDLE_CACHE_DIR"
-
-
-def default_cache_dir() -> Path:
-    """``$VLLM_BUNDLE_CACHE_DIR``, else the user cache dir (``~/.cache/vllm-bundle`` on Linux)."""
-    override = os.environ.get(CACHE_ENV)
-    return Path(override) if override else Path(user_cache_dir("vllm-bundle", appauthor=False))
 
 
 def open_for_writing(path: Path, *, append: bool = False, buffering: int = -1) -> BinaryIO:

@@ -37,10 +37,10 @@ from vllm_bundle.errors import (
 )
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fsutil import sha256_file
+from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
     RETRY_STATUSES,
-    RetryPolicy,
     check_url,
     describe,
     is_connect_failure,
