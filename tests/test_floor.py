@@ -155,3 +155,16 @@ def test_pypis_manylinux_files_pass_the_floor(build_tool_wheels: dict[Path, str]
         assert measured <= claimed, (wheel.name, measured, claimed)
         checked += len(files)
     assert checked >= 3, "cmake's, ninja's and markupsafe's programs and extensions"
+
+
+def test_a_dynamic_section_under_another_name_is_still_read(tmp_path: Path) -> None:
+    """The dynamic section is looked up by its name (one pass over the section headers, shared with the
+    symbol versions' lookup); a file whose SHT_DYNAMIC section is named otherwise is read all the same:
+    its DT_NEEDED still counts for the closure and the floor."""
+    lib = needing_version(tmp_path / "libnewsym.so", "strlcpy", "libc.so.6", "GLIBC_2.38")
+    before = dynamic_info(lib)
+    assert before is not None and before.needed == ("libc.so.6",), before
+    data = lib.read_bytes()
+    assert data.count(b".dynamic\0") == 1, "one name in the section-name table"
+    lib.write_bytes(data.replace(b".dynamic\0", b".dynamix\0"))
+    assert dynamic_info(lib) == before
