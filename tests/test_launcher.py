@@ -187,9 +187,13 @@ def test_unsafe_library_dir_is_refused() -> None:
 
 # Stands in for the bundled interpreter, but runs the bundle's real GPU-memory chooser (the runtime
 # package, as the bundle ships it, on the fixture host's sysfs) and reports the server's arguments.
+# The chooser runs isolated (-I), so the bundle's site-packages, which a real bundled python has on its
+# path, is put there by hand.
 CHOOSING_STAND_IN = """#!/bin/sh
-if [ "$2" = -m ] && [ "$3" = {runtime}.gpu_memory ]; then
-    PYTHONPATH="{site}" exec "{python}" "$@"
+if [ "$1" = -I ] && [ "$2" = -m ] && [ "$3" = {runtime}.gpu_memory ]; then
+    shift 3
+    exec "{python}" -I -c 'import runpy, sys; sys.path.insert(0, "{site}"); runpy.run_module(
+    "{runtime}.gpu_memory", run_name="__main__", alter_sys=True)' "$@"
 fi
 exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
 """
@@ -293,3 +297,55 @@ def test_hostile_words_are_kept_by_either_shell(root: Path, shell: str) -> None:
     both = [*SERVE, "model", *HOSTILE, *OURS, "--", *HOSTILE, "--", ""]
     assert served(launcher, "model", *HOSTILE, "--", *HOSTILE, "--", "", shell=shell) == both
     assert served(launcher, shell=shell) == [*SERVE, *OURS], "no arguments: only ours"
+
+
+#: A Lemonade-style shim (lemonade-sdk/lemonade launches vLLM with PYTHONPATH=<its shim dir>, whose
+#: sitecustomize.py imports vllm.utils.import_utils): here it records each interpreter that runs it.
+SHIM = """import os, sys
+with open(os.environ["SHIM_LOG"], "a") as log:
+    log.write(" ".join(sys.orig_argv[1:3]) + "\\n")
+"""
+#: Stands in for vLLM's CLI module in the bundle's site-packages: what it was started with.
+VLLM_MAIN = "import json, sys; print(json.dumps({'argv': sys.argv[1:]}))\n"
+
+
+def test_a_callers_site_hook_runs_in_vllm_only_not_in_the_launchers_helper(tmp_path: Path) -> None:
+    """The launcher's GPU-memory helper runs isolated (``-I``): the caller's PYTHONPATH and its
+    sitecustomize reach vLLM, and vLLM only. With ``-P`` alone the shim ran twice per launch (once in the
+    helper: with a real shim, one more import of torch and vLLM before vLLM starts). The bundle's python
+    is a real interpreter here (a venv: lib/python3.X/site-packages is its own), the runtime is the one
+    the bundle ships."""
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    root = tmp_path / "bundle"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = root / "lib" / f"python{minor}" / "site-packages"
+    for name, text in runtime_files().items():
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        (site / name).write_text(text)
+    cli = site / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for package in (site / "vllm", site / "vllm" / "entrypoints", cli):
+        (package / "__init__.py").write_text("")
+    (cli / "main.py").write_text(VLLM_MAIN)
+    launcher = root / "bin" / "vllm-server"
+    launcher.write_text(
+        render_launcher(
+            python_minor=minor,
+            library_dirs=LIBS,
+            attention=RECIPES.vllm.attention_rule("0.33.0"),
+            vllm_version="0.33.0",
+            target="gfx1151",
+            server=RECIPES.vllm.server_rule("0.33.0"),
+            defaults=RECIPES.launcher_defaults,
+        )
+    )
+    launcher.chmod(0o755)
+    shim = tmp_path / "lemonade-shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(SHIM)
+    log = tmp_path / "shim.log"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shim), "SHIM_LOG": str(log), HOST_ROOT_VARIABLE: str(tmp_path)}
+    result = subprocess.run([str(launcher), "--model", "m"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["argv"][:2] == ["serve", "--model"]
+    assert log.read_text().splitlines() == ["-P -m"], "run once per launch, by vLLM's process only"
