@@ -190,9 +190,9 @@ def test_unsafe_library_dir_is_refused() -> None:
 # The chooser runs isolated (-I), so the bundle's site-packages, which a real bundled python has on its
 # path, is put there by hand.
 CHOOSING_STAND_IN = """#!/bin/sh
-if [ "$1" = -I ] && [ "$2" = -m ] && [ "$3" = {runtime}.gpu_memory ]; then
-    shift 3
-    exec "{python}" -I -c 'import runpy, sys; sys.path.insert(0, "{site}"); runpy.run_module(
+if [ "$1" = -I ] && [ "$2" = -B ] && [ "$3" = -m ] && [ "$4" = {runtime}.gpu_memory ]; then
+    shift 4
+    exec "{python}" -I -B -c 'import runpy, sys; sys.path.insert(0, "{site}"); runpy.run_module(
     "{runtime}.gpu_memory", run_name="__main__", alter_sys=True)' "$@"
 fi
 exec "{python}" -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$@"
@@ -345,7 +345,10 @@ def test_a_callers_site_hook_runs_in_vllm_only_not_in_the_launchers_helper(tmp_p
     (shim / "sitecustomize.py").write_text(SHIM)
     log = tmp_path / "shim.log"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shim), "SHIM_LOG": str(log), HOST_ROOT_VARIABLE: str(tmp_path)}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # as the caller asks, so that only the helper could write any
     result = subprocess.run([str(launcher), "--model", "m"], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["argv"][:2] == ["serve", "--model"]
     assert log.read_text().splitlines() == ["-P -m"], "run once per launch, by vLLM's process only"
+    written = sorted(str(p.relative_to(root)) for p in root.rglob("__pycache__"))
+    assert written == [], f"the helper wrote bytecode into the bundle (-I ignores PYTHONDONTWRITEBYTECODE): {written}"

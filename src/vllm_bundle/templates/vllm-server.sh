@@ -51,8 +51,9 @@ python="$root/bin/python@PYTHON_MINOR@"
 # than --gpu-memory-utilization (0.92) of the GPU is free, as on a desktop APU. The chooser reads sysfs,
 # says what it chose on stderr (its scan, too, stops at a `--`), and never stops the server from starting.
 # Isolated (-I): the caller's PYTHONPATH and its sitecustomize are for vLLM (Lemonade's shim imports vLLM,
-# and with it torch), not for this helper.
-utilization=$("$python" -I -m @RUNTIME@.gpu_memory "$@" || true)
+# and with it torch), not for this helper. -B: -I ignores $PYTHONDONTWRITEBYTECODE, and the helper must
+# not write bytecode into the bundle.
+utilization=$("$python" -I -B -m @RUNTIME@.gpu_memory "$@" || true)
 case $utilization in
     0.[0-9][0-9]) ;;
     *) utilization= ;;
