@@ -30,14 +30,12 @@ print(json.dumps({{"argv": sys.argv[1:], "pid": os.getpid(), "env": {{k: os.envi
 """
 
 
-def make_root(root: Path, vllm_version: str) -> Path:
-    (root / "bin").mkdir(parents=True)
-    site = root / "lib" / "python3.12" / "site-packages"
-    site.mkdir(parents=True)
+def write_launcher(root: Path, vllm_version: str, minor: str = "3.12") -> Path:
+    """``bin/vllm-server`` of a gfx1151 bundle of ``vllm_version`` whose python is ``python{minor}``."""
     launcher = root / "bin" / "vllm-server"
     launcher.write_text(
         render_launcher(
-            python_minor="3.12",
+            python_minor=minor,
             library_dirs=LIBS,
             attention=RECIPES.vllm.attention_rule(vllm_version),
             vllm_version=vllm_version,
@@ -47,6 +45,14 @@ def make_root(root: Path, vllm_version: str) -> Path:
         )
     )
     launcher.chmod(0o755)
+    return launcher
+
+
+def make_root(root: Path, vllm_version: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    site = root / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    launcher = write_launcher(root, vllm_version)
     python = root / "bin" / "python3.12"
     python.write_text(STAND_IN.format(python=sys.executable))
     python.chmod(0o755)
@@ -327,19 +333,7 @@ def test_a_callers_site_hook_runs_in_vllm_only_not_in_the_launchers_helper(tmp_p
     for package in (site / "vllm", site / "vllm" / "entrypoints", cli):
         (package / "__init__.py").write_text("")
     (cli / "main.py").write_text(VLLM_MAIN)
-    launcher = root / "bin" / "vllm-server"
-    launcher.write_text(
-        render_launcher(
-            python_minor=minor,
-            library_dirs=LIBS,
-            attention=RECIPES.vllm.attention_rule("0.33.0"),
-            vllm_version="0.33.0",
-            target="gfx1151",
-            server=RECIPES.vllm.server_rule("0.33.0"),
-            defaults=RECIPES.launcher_defaults,
-        )
-    )
-    launcher.chmod(0o755)
+    launcher = write_launcher(root, "0.33.0", minor)
     shim = tmp_path / "lemonade-shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SHIM)

@@ -1,7 +1,7 @@
 """The verbs the release workflows run between their jobs, each from the recipes or the assets alone:
 ``targets`` (the list a workflow's matrix is made of) and ``merge-manifests`` (several targets'
 ``backend_versions.json`` merged for one release). Apart from the build verbs, so that a workflow step
-starts without importing the pipeline (0.2 s less per run)."""
+starts without importing the pipeline (``targets``: 0.74 s of CPU then, 0.2 s now)."""
 
 from __future__ import annotations
 
