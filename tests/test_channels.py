@@ -154,6 +154,7 @@ def test_pypi_serves_placeholders_under_therocks_names(fixture_tree: Fixture) ->
     """PyPI's squatted names: 0.1.0 sdists and 0.0.1.dev0 py3-none-any wheels with a hello() stub."""
     served = {p.name for p in fixture_tree.indexes[PYPI]}
     assert {"rocm_sdk_core-0.1.0.tar.gz", "rocm-0.1.0.tar.gz", "rocm_kpack-0.0.1.dev0-py3-none-any.whl"} <= served
+    assert "amd_torch_device_gfx110x-0.0.1.dev0-py3-none-any.whl" in served, "the sub-family name whl-next uses"
     wheel = fixture_tree.files["amd_torch_device_gfx11-0.0.1.dev0-py3-none-any.whl"]
     with zipfile.ZipFile(wheel) as archive:
         assert "def hello()" in archive.read("amd_torch_device_gfx11/__init__.py").decode()

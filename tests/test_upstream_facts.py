@@ -257,6 +257,8 @@ def test_whl_next_device_code_is_what_torch_declares_whatever_a_missing_page_ans
             assert {n for n in names if n.startswith("amd-torch-device")} == torch_devices
             assert {n for n in names if n.startswith("rocm-sdk-device")} == sdk_devices
             assert _package(pylock, "torch")["version"] == "2.13.0+rocm10.0.0", "vLLM 0.33.0's own ROCm image's"
+            for name in torch_devices:  # PyPI has a 0.0.1.dev0 placeholder under amd-torch-device-gfx110x
+                assert _package(pylock, name)["version"] == "2.13.0+rocm10.0.0", name
     finally:
         upstream.missing_status[f"/{THEROCK_NEXT}/"] = 404
 
