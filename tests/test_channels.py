@@ -110,6 +110,9 @@ def test_every_channel_locks_against_the_fake_shaped_as_amd_publishes(
     commit = triton_commit(facts.versions["triton"]) or TRITON_KERNELS_COMMIT
     (kernels,) = [a for a in lock["artifacts"] if a["role"] == "triton-kernels"]
     assert kernels["filename"] == f"triton-{commit}.tar.gz"
+    said = "own commit" if triton_commit(facts.versions["triton"]) else "names no commit"
+    assert f"the bundle's Triton {facts.versions['triton']}" in result.stdout + result.stderr
+    assert said in result.stdout + result.stderr, "the lock says where triton_kernels came from"
 
 
 def test_a_nightly_lock_takes_therocks_pre_release_sdk_and_pypis_final_releases(
