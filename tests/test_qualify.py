@@ -21,7 +21,7 @@ import pytest
 import zstandard
 
 from tests.code_objects import offload_bundle
-from tests.conftest import assert_one_line_error, bundle_cli, run_cli
+from tests.conftest import REPO, assert_one_line_error, bundle_cli, run_cli
 from tests.upstream.fixture import PYTHON_MINOR, ROCM_VERSION
 from tests.upstream.packaging_fixtures import needing_version
 from tests.upstream.registry import RegistryServer
@@ -638,3 +638,23 @@ def test_bounded_kills_a_child_left_running_when_the_command_ends() -> None:
 @pytest.mark.timeout(30)
 def test_bounded_kills_the_children_of_a_command_that_does_not_end() -> None:
     assert _left_running(HANGS_WITH_A_CHILD, timeout=2) == -1, "it did not end: TimeoutExpired"
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_the_size_budget_is_lemonades_tar_limit_at_the_measured_rate_and_margin(over: int, tmp_path: Path) -> None:
+    """Lemonade's tar -tf and tar -xf each have 300 s (archive_platform.h:10): at 80 MB/s with a margin of
+    2 a bundle may hold 12.0 GB. A tree of exactly that passes; one byte more fails, naming the derivation.
+    (A sparse file: its apparent size is what tar writes out.)"""
+    from vllm_bundle.qualify.tier0 import check_size
+
+    target = load_recipes(REPO / "recipes").target("gfx1151")
+    budget = target.size_budget
+    assert (budget.time_limit_s, budget.extract_rate_mb_s, budget.margin) == (300, 80, 2)
+    assert budget.bytes == 12_000_000_000, "300 s x 80 MB/s / 2"
+    with (tmp_path / "blob").open("wb") as blob:
+        blob.truncate(budget.bytes + over)
+    result = check_size(Layout(tmp_path, PYTHON_MINOR), target)
+    assert result.passed is (over == 0), result
+    if over:
+        (problem,) = result.problems
+        assert "over its 11.18 GiB budget (Lemonade's 300 s tar limit at 80 MB/s, margin 2x)" in problem

@@ -63,12 +63,8 @@ def test_unknown_target_on_the_command_line(tmp_path: Path) -> None:
     ("file", "old", "new", "where"),
     [
         ("targets.toml", 'isas = ["gfx1151"]', 'isas = "gfx1151"', "targets.toml: targets.gfx1151.isas"),
-        (
-            "targets.toml",
-            "size-budget-gib = 24\n",
-            "size-budget-gib = -1\n",
-            "targets.toml: targets.gfx1151.size-budget-gib",
-        ),
+        ("targets.toml", "margin = 2\n", "margin = 0.5\n", "targets.toml: size-budget.margin"),
+        ("targets.toml", "tar-time-limit-s = 300\n", "tar-time-limit-s = -1\n", "size-budget.tar-time-limit-s"),
         ("channels.toml", 'rocm = ">=10.0"', 'rocm = "seven"', "channels.toml: channels.stable.versions.rocm"),
         ("channels.toml", 'therock-layout = "multi-arch"', 'therock-layout = "flat"', "channels.stable.therock-layout"),
         ("components.toml", 'release = "', 'release = "x', "components.toml: python.release"),

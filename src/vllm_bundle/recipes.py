@@ -44,12 +44,41 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class SizeBudget:
+    """The most a bundle may hold, derived from what its installers allow: Lemonade joins the parts and
+    runs ``tar -tf`` then ``tar -xf``, each under ``time_limit_s`` (targets.toml [size-budget]); at
+    ``extract_rate_mb_s`` that is a tree of ``time_limit_s * extract_rate_mb_s`` MB, of which a bundle may
+    use one ``margin``-th (hosts slower than the one the rate was measured on)."""
+
+    time_limit_s: float
+    extract_rate_mb_s: float
+    margin: float
+
+    @property
+    def bytes(self) -> int:
+        return int(self.time_limit_s * self.extract_rate_mb_s * 1e6 / self.margin)
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / 2**30
+
+    def derivation(self) -> str:
+        return (
+            f"Lemonade's {self.time_limit_s:g} s tar limit at {self.extract_rate_mb_s:g} MB/s, margin {self.margin:g}x"
+        )
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     description: str
     isas: tuple[str, ...]
     legacy_family: str
-    size_budget_gib: float
+    size_budget: SizeBudget
+
+    @property
+    def size_budget_gib(self) -> float:
+        return self.size_budget.gib
 
     @property
     def pytorch_rocm_arch(self) -> str:
@@ -359,8 +388,17 @@ def _parse_device_packages(doc: Table) -> dict[str, str]:
     return {component: prefixes.text(component) for component in prefixes.data}
 
 
+def _parse_size_budget(doc: Table) -> SizeBudget:
+    entry = doc.table("size-budget")
+    margin = entry.number("margin")
+    if margin < 1:
+        raise entry.fail("margin", "a number of at least 1 (the share of the installer's limit a bundle may use)")
+    return SizeBudget(entry.number("tar-time-limit-s"), entry.number("extract-rate-mb-s"), margin)
+
+
 def _parse_targets(doc: Table) -> dict[str, Target]:
     targets = {}
+    budget = _parse_size_budget(doc)
     for name, entry in doc.table("targets").items():
         isas = entry.strings("isas")
         for isa in isas:
@@ -371,7 +409,7 @@ def _parse_targets(doc: Table) -> dict[str, Target]:
             description=entry.text("description", ""),
             isas=isas,
             legacy_family=entry.text("legacy-family"),
-            size_budget_gib=entry.number("size-budget-gib"),
+            size_budget=budget,
         )
     if not targets:
         raise doc.fail("targets", "at least one [targets.<name>] table")
