@@ -15,6 +15,7 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cyclonedx.schema import SchemaVersion
@@ -437,3 +438,86 @@ def test_every_json_file_is_written_in_one_form_the_oci_documents_in_theirs(tmp_
     run_stage(tmp_path / "out", "demo", 1, {"where": tmp_path}, lambda tmp: {"n": 1})
     stamp = (tmp_path / ".out.stage.json").read_bytes()
     assert stamp == dump_json(json.loads(stamp)) and json.loads(stamp)["inputs"] == {"where": str(tmp_path)}
+
+
+# -- Lemonade's checksum lookup (lemonade-sdk/lemonade@e385039), modelled from its source ------------------
+
+
+def lemonade_hash(doc: dict[str, Any], recipe: str, backend: str, version: str, repo: str, filename: str) -> str:
+    """src/cpp/server/backends/backend_utils.cpp:46-113 ``lookup_expected_asset_hash``: the first of ten
+    key paths that leads to a hash (a string, or an object with ``digest``, ``sha256`` or ``algorithm`` and
+    ``value``); a path with an empty part is skipped; "" when none does."""
+    paths = [
+        ["checksums", "github", repo, version, filename],
+        ["checksums", repo, version, filename],
+        ["checksums", recipe, backend, version, filename],
+        ["checksums", recipe, version, filename],
+        ["checksums", recipe, filename],
+        ["artifact_hashes", "github", repo, version, filename],
+        ["artifact_hashes", repo, version, filename],
+        ["artifact_hashes", recipe, backend, version, filename],
+        ["artifact_hashes", recipe, version, filename],
+        ["artifact_hashes", filename],
+    ]
+    for path in paths:
+        if "" in path:
+            continue
+        node: Any = doc
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, str) and node:
+            return node
+        if isinstance(node, dict):
+            if isinstance(node.get("digest"), str):
+                return str(node["digest"])
+            if isinstance(node.get("sha256"), str):
+                return f"sha256:{node['sha256']}"
+            if isinstance(node.get("algorithm"), str) and isinstance(node.get("value"), str):
+                return f"{node['algorithm']}:{node['value']}"
+    return ""
+
+
+def lemonade_assets(doc: dict[str, Any], target: str, release: Path) -> tuple[str, list[str]]:
+    """The tag and the files Lemonade downloads for ``target``: vllm_server.cpp:310-335 (the target's
+    override, else ``vllm.rocm``, plus ``-<target>``; the file ``<tag>-x64.tar.gz``) and
+    backend_utils.cpp:584-620 (``<base>.partcount`` answered: parts ``<base>.partNN-of-MM.tar.gz``, base the
+    file name without ``.tar.gz``)."""
+    pins = doc["vllm"]
+    tag = f"{pins.get('rocm_arch_overrides', {}).get(target, pins['rocm'])}-{target}"
+    base = f"{tag}-x64.tar.gz"[: -len(".tar.gz")]
+    count = int((release / f"{base}.partcount").read_text())
+    return tag, [f"{base}.part{n:02d}-of-{count:02d}.tar.gz" for n in range(1, count + 1)]
+
+
+def test_every_checksum_lemonade_looks_up_is_in_the_merged_manifest(assets: Path, tmp_path: Path) -> None:
+    """Lemonade never reads the release's backend_versions.json: its own pin file must hold the merged one,
+    and its lookup (repository lemonade-sdk/vllm-rocm, vllm_server.cpp:299) must find every part's sha256.
+    Under another repository key (the fixture's release) it finds none, and merge-manifests says so."""
+    from vllm_bundle.manifests import LEMONADE_VLLM_REPO, backend_versions
+
+    ours = json.loads((assets / "backend_versions.json").read_text())
+    tag = next(iter(ours["checksums"]["github"][TEST_REPO]))
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in parts_of(assets)}
+    published = backend_versions(tag, "gfx1151", LEMONADE_VLLM_REPO, digests)
+    other_tag = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx110X"
+    other = backend_versions(
+        other_tag, "gfx110X", LEMONADE_VLLM_REPO, {f"{other_tag}-x64.part01-of-01.tar.gz": "b" * 64}
+    )
+    for name, doc in (("ours.json", published), ("other.json", other), ("fixture.json", ours)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    result = run_cli("merge-manifests", tmp_path / "ours.json", tmp_path / "other.json", "-o", tmp_path / "m.json")
+    assert result.returncode == 0, result.stderr
+    assert f'checksums.github["{LEMONADE_VLLM_REPO}"]["<tag>"]["<part>"]' in result.stdout
+    assert "warning" not in result.stdout
+    merged = json.loads((tmp_path / "m.json").read_text())
+    looked_up, files = lemonade_assets(merged, "gfx1151", assets)
+    assert looked_up == tag and len(files) > 1
+    for name in files:
+        found = lemonade_hash(merged, "vllm", "rocm", tag, LEMONADE_VLLM_REPO, name)
+        assert found == f"sha256:{digests[name]}", name
+
+    result = run_cli("merge-manifests", tmp_path / "fixture.json", "-o", tmp_path / "f.json")
+    assert result.returncode == 0, result.stderr
+    assert f"warning: these checksums are under {TEST_REPO}, not {LEMONADE_VLLM_REPO}" in result.stdout
+    fixture = json.loads((tmp_path / "f.json").read_text())
+    assert [lemonade_hash(fixture, "vllm", "rocm", tag, LEMONADE_VLLM_REPO, n) for n in files] == [""] * len(files)

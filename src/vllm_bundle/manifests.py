@@ -242,6 +242,32 @@ def _target_pins(doc: Mapping[str, Any]) -> dict[str, str]:
     return targets
 
 
+#: The one repository Lemonade downloads vLLM from and looks its checksums up under
+#: (lemonade-sdk/lemonade@e385039 src/cpp/server/backends/vllm/vllm_server.cpp:299 ``params.repo``; the
+#: download URL, backend_utils.cpp:573-574, and the first key shape, ``checksums.github.<repo>.<tag>.<asset>``,
+#: backend_utils.cpp:86-97). A checksum under another key is never found, and Lemonade then installs the
+#: asset unchecked and says nothing (its download checks only a hash it found, http_client.cpp:1068).
+LEMONADE_VLLM_REPO = "lemonade-sdk/vllm-rocm"
+
+
+def lemonade_notes(merged: Mapping[str, Any]) -> list[str]:
+    """What Lemonade must take from a merged backend_versions.json, and a warning for checksums it would
+    never find: the release workflow's summary prints these."""
+    repos = sorted(merged.get("checksums", {}).get("github", {}))
+    notes = [
+        f'Lemonade: merge "vllm" and "checksums" into its src/cpp/resources/{BACKEND_VERSIONS}; it checks each '
+        f'part under checksums.github["{LEMONADE_VLLM_REPO}"]["<tag>"]["<part>"] and nowhere else'
+    ]
+    notes += [
+        f"warning: these checksums are under {repo}, not {LEMONADE_VLLM_REPO}: Lemonade finds none of them and "
+        f"installs without checking, silently; publish from {LEMONADE_VLLM_REPO} (bundle --repo "
+        f"{LEMONADE_VLLM_REPO}) for Lemonade to verify it"
+        for repo in repos
+        if repo != LEMONADE_VLLM_REPO
+    ]
+    return notes
+
+
 def merge_backend_versions(documents: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One backend_versions.json for several targets' files: Lemonade's ``vllm.rocm`` pin (the one most
     targets share) and ``vllm.rocm_arch_overrides`` for the targets on another release line (keyed by

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vllm_bundle.manifests import dump_json, merge_backend_versions, read_backend_versions
+from vllm_bundle.manifests import dump_json, lemonade_notes, merge_backend_versions, read_backend_versions
 from vllm_bundle.recipes import load_recipes
 from vllm_bundle.util.fsutil import atomic_write
 
@@ -18,6 +18,8 @@ def cmd_merge_manifests(args: argparse.Namespace) -> int:
     atomic_write(args.output, dump_json(merged))
     tags = sorted({tag for repo in merged["checksums"]["github"].values() for tag in repo})
     print(f"merged {len(args.files)} files ({', '.join(tags)}) into {args.output}")
+    for note in lemonade_notes(merged):
+        print(note)
     return 0
 
 
