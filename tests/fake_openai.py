@@ -12,6 +12,10 @@ stream-no-done    the event stream ends without ``data: [DONE]``
 nondeterministic  each completion differs (a counter in the text)
 ignore-sigterm    SIGTERM is ignored (only SIGKILL stops it)
 orphan            the engine child is not tied to the server: it outlives a SIGKILL of the server
+serial            completions run one at a time (no batching): concurrent ones are no faster
+
+A completion with ``ignore_eos`` (tier 2's concurrency check) takes ``max_tokens`` x 1.5 ms, as decoding
+would; concurrent ones overlap (the server is threaded), unless the fault is ``serial``.
 
 Like ``vllm serve`` it starts an engine child with multiprocessing ``spawn`` (vllm/v1/engine/utils.py,
 ``CoreEngineProcManager``), which ignores SIGTERM. The bundle's interpreter runs
@@ -24,6 +28,7 @@ own Python, so it calls the same function itself, in the server and in the engin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -31,6 +36,7 @@ import multiprocessing.process
 import os
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -42,6 +48,7 @@ BOOT_SECONDS = float(os.environ.get("FAKE_OPENAI_BOOT_SECONDS", "0"))
 STARTED = time.monotonic()
 COUNTER = itertools.count()
 ANSWER = " Paris. It is also the largest city of France."
+SERIAL = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -78,6 +85,9 @@ class Handler(BaseHTTPRequestHandler):
             if FAULT == "completion-500":
                 self._json(500, {"error": "HIP error: an illegal memory access was encountered"})
                 return
+            if request.get("ignore_eos"):
+                with SERIAL if FAULT == "serial" else contextlib.nullcontext():
+                    time.sleep(int(request.get("max_tokens", 16)) * 0.0015)
             suffix = f" ({next(COUNTER)})" if FAULT == "nondeterministic" else ""
             self._json(200, {"object": "text_completion", "choices": [{"index": 0, "text": ANSWER + suffix}]})
         elif self.path == "/v1/chat/completions":

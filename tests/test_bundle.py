@@ -404,3 +404,23 @@ def test_sigkill_in_each_stage_leaves_nothing_that_looks_complete(
     assert rebuilt == [STAGES[-1]], "only the stage killed last"
     assert tree_digest(build / "gfx1151" / "root") == tree_digest(built / "gfx1151" / "root")
     assert tree_digest(build.parent / "bundles") == tree_digest(built.parent / "bundles"), "same assets"
+
+
+def test_therocks_preloads_are_rtld_local_in_the_bundle_as_in_vllms_image(built: Path) -> None:
+    """The site stage applies patches/rocm-sdk/rtld-local.patch (vLLM 0.33.0 docker/Dockerfile.rocm_base:133-135):
+    the bundle's rocm_sdk defaults to RTLD_LOCAL, the stage records it applied, and the RECORD agrees (tier 0
+    passed on this bundle; torch's preloads still reach libamdhip64: test_moved_bundle_runs...)."""
+    root = built / "gfx1151" / "root"
+    probe = (
+        "import inspect, rocm_sdk; "
+        "print(inspect.signature(rocm_sdk.initialize_process).parameters['rtld_global'].default, "
+        "inspect.signature(rocm_sdk.preload_libraries).parameters['rtld_global'].default)"
+    )
+    result = subprocess.run(
+        [str(root / "bin" / f"python{PYTHON_MINOR}"), "-I", "-B", "-c", probe], capture_output=True, text=True
+    )
+    assert result.stdout.split() == ["False", "False"], result.stderr
+    stage = json.loads((built / "gfx1151" / ".site.stage.json").read_text())
+    assert stage["details"]["rocm_fixes"] == [
+        {"patch_id": "rtld-local", "status": "applied", "variant": "rtld-local.patch"}
+    ]

@@ -115,8 +115,11 @@ def test_tier2_passes_against_a_healthy_server(tmp_path: Path) -> None:
     layout = make_fake_bundle(tmp_path / "bundle", GOOD_PROBE)
     checks = tier2_checks(layout, OPTIONS, tmp_path / "server.log")
     assert _failed(checks) == {}
-    names = ["health", "completion", "chat", "streaming", "greedy-determinism", "stop", "no-orphans"]
+    names = ["health", "completion", "chat", "streaming", "greedy-determinism", "concurrency", "stop", "no-orphans"]
     assert [c.name for c in checks] == names
+    (concurrency,) = [c for c in checks if c.name == "concurrency"]
+    assert concurrency.figures["speedup"] >= 2, "the fake server overlaps concurrent completions"
+    assert "10 sequences of 64 tokens: concurrent" in concurrency.summary
     started = int(re.findall(r"\((\d+) process", checks[-1].summary)[0])
     assert started >= 1, "the engine child (and multiprocessing's resource tracker) seen, and gone with the server"
 
@@ -130,6 +133,7 @@ def test_tier2_passes_against_a_healthy_server(tmp_path: Path) -> None:
         ("chat-empty", "chat", "the reply is empty"),
         ("stream-no-done", "streaming", "ended without data: [DONE]"),
         ("nondeterministic", "greedy-determinism", "two greedy completions differ"),
+        ("serial", "concurrency", "the floor is 2x"),
         ("ignore-sigterm", "stop", "ignored SIGTERM for 5 s and was killed"),
         ("orphan", "no-orphans", "was alive 2 s after SIGKILL of vllm-server"),
     ],
@@ -216,7 +220,10 @@ def test_cli_runs_both_tiers_and_merges_into_release_json(built: Path, tmp_path:
     assert after["qualification"]["tier0"] == before["qualification"]["tier0"]
     merged = after["qualification"]["tier1+2"]
     assert merged["passed"] and merged["gcn_arch"] == "gfx1151" and merged["model"] == "tiny-model"
-    assert set(merged["checks"]) >= {"native-extensions", "gcn-arch", "health", "streaming", "stop"}
+    assert set(merged["checks"]) >= {"native-extensions", "gcn-arch", "health", "streaming", "concurrency", "stop"}
+    concurrency = merged["figures"]["concurrency"]
+    assert (concurrency["sequences"], concurrency["tokens"]) == (10, 64)
+    assert concurrency["speedup"] >= 2 and concurrency["sequential_s"] > concurrency["concurrent_s"]
     sums = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=release, capture_output=True, text=True)
     assert sums.returncode == 0, sums.stdout + sums.stderr
 

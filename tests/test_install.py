@@ -677,6 +677,9 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_consumer_venv_has_no_build_dependency(consumer: Path) -> None:
     probe = f"import importlib.util as u; print([m for m in {BUILD_ONLY_MODULES!r} if u.find_spec(m)])"
     assert _run(consumer / "bin" / "python", "-c", probe).stdout.strip() == "[]"
+    packaged = "from vllm_bundle.paths import default_rocm_fixes as d; print(sorted(p.name for p in d().iterdir()))"
+    listed = _run(consumer / "bin" / "python", "-c", packaged).stdout
+    assert "'rtld-local.patch'" in listed and "'series'" in listed, "tier 0 reads the SDK fixes from the wheel"
 
 
 def test_install_runs_from_any_directory_with_the_package_alone(

@@ -118,6 +118,7 @@ def test_fixture_bundle_passes(bundle: Path, tmp_path: Path, locked: Path) -> No
         "symlinks",
         "launcher",
         "runtime",
+        "rocm-runtime",
         "c-toolchain",
         "build-paths",
         "size",
@@ -171,6 +172,22 @@ def _edit_torch(root: Path) -> None:
     target = root / SITE / "torch/__init__.py"
     content = target.read_bytes()
     target.write_bytes(content[:-2] + b"#\n")
+
+
+def _stock_rocm_sdk(root: Path) -> None:
+    """TheRock's rocm_sdk as published (RTLD_GLOBAL preloads), its RECORD made to agree: only the fix is
+    missing, not a hash."""
+    site = root / SITE
+    subprocess.run(
+        ["patch", "-p1", "-R", "-s", "-d", str(site), "-i", str(REPO / "patches/rocm-sdk/rtld-local.patch")], check=True
+    )
+    refresh_records(site, {site / "rocm_sdk/__init__.py"})
+
+
+def _second_hip_runtime(root: Path) -> None:
+    """A second HIP runtime beside the SDK's, as a torch wheel bundling its own would bring."""
+    hip = root / SITE / "_rocm_sdk_core/lib/libamdhip64.so.7"
+    shutil.copyfile(hip.resolve(), root / SITE / "torch/lib/libamdhip64.so.7")
 
 
 def _absolute_rpath(root: Path) -> None:
@@ -235,6 +252,12 @@ def _undefined_torch_symbol(root: Path) -> None:
         (_drop_kpack, "records", "_rocm_sdk_libraries/.kpack/blas_lib_gfx1151.kpack, which is missing"),
         (_edit_torch, "records", "torch/__init__.py does not match its RECORD hash"),
         (_absolute_rpath, "search-paths", "absolute RPATH/RUNPATH /home/builder/build/gfx1151/site/lib"),
+        (
+            _stock_rocm_sdk,
+            "rocm-runtime",
+            f"rocm_sdk/__init__.py lacks the fix rtld-local (rtld-local.patch), which ROCm {ROCM_VERSION}",
+        ),
+        (_second_hip_runtime, "rocm-runtime", "libamdhip64.so.7 is shipped 2 times"),
         (_break_launcher, "launcher", "bin/vllm-server is not valid sh"),
         (_no_runtime_hook, "runtime", "site-packages/vllm-bundle-runtime.pth is missing"),
         (_no_zig, "c-toolchain", f"{SITE}/ziglang/zig, which libexec/vllm-bundle/cc runs, is missing"),

@@ -1,7 +1,8 @@
 """Where the tool finds its data when no option names it: never relative to the current directory.
 
-The recipes and the patch series ship inside the package (``recipe_data/``, ``patch_data/``: in the
-repository these are symlinks to ``recipes/`` and ``patches/vllm/``, which a wheel build copies). An
+The recipes and the patch series ship inside the package (``recipe_data/``, ``patch_data/``,
+``rocm_patch_data/``: in the repository these are symlinks to ``recipes/``, ``patches/vllm/`` and
+``patches/rocm-sdk/``, which a wheel build copies). An
 editable install from a checkout therefore resolves them to the checkout's own directories, where the
 locks are written too; an installed wheel reads its packaged copies.
 """
@@ -28,6 +29,11 @@ def default_recipes() -> Path:
 def default_patches() -> Path:
     """``patches/vllm/`` of the checkout this tool runs from, else the series packaged with it."""
     return _packaged("patch_data")
+
+
+def default_rocm_fixes() -> Path:
+    """``patches/rocm-sdk/`` (the fixes to TheRock's installed SDK) of this checkout, else the packaged one."""
+    return _packaged("rocm_patch_data")
 
 
 def default_facts() -> Path:

@@ -65,21 +65,52 @@ FAMILY_DEVICE_LIBRARIES = ("rocblas", "torch_hip")  # keys of the fixture's libr
 AMDSMI_STUB = b"def amdsmi_init():\n    raise RuntimeError('no GPU')\n"
 
 
-ROCM_SDK_INIT = """import ctypes, pathlib
-from rocm_sdk._dist_info import __version__
+def _rocm_sdk_init() -> str:
+    """TheRock's ``rocm_sdk/__init__.py`` as the fake ships it: ``preload_libraries`` and
+    ``initialize_process`` with TheRock's signatures on TheRock's lines (92 and 118-126 of
+    ROCm/TheRock@89553ce build_tools/packaging/python/templates/rocm/src/rocm_sdk/__init__.py; RTLD_GLOBAL by
+    default, lines 104 and 145), the padding in between blank; a mismatched ``check_version`` raises."""
+    head = (
+        "import ctypes, pathlib\n"
+        "from typing import List, Optional\n"
+        "\n"
+        "from rocm_sdk._dist_info import __version__\n"
+        "\n"
+        "_ALL_CDLLS = {}\n"
+    )
+    preload = (
+        "def preload_libraries(*shortnames: str, rtld_global: bool = True):\n"
+        "    import _rocm_sdk_core\n"
+        "\n"
+        "    lib = pathlib.Path(_rocm_sdk_core.__file__).parent / 'lib'\n"
+        "    mode = ctypes.RTLD_GLOBAL if rtld_global is True else ctypes.RTLD_LOCAL\n"
+        "    for shortname in shortnames:\n"
+        "        for path in sorted(lib.glob(f'lib{shortname}.so*')):\n"
+        "            _ALL_CDLLS.setdefault(shortname, ctypes.CDLL(str(path), mode=mode))\n"
+    )
+    initialize = (
+        "def initialize_process(\n"
+        "    *,\n"
+        "    preload_shortnames: Optional[List[str]] = None,\n"
+        "    rtld_global: bool = True,\n"
+        "    env_override: bool = True,\n"
+        "    check_version=None,\n"
+        "    fail_on_version_mismatch: bool = False,\n"
+        "    **kwargs,\n"
+        "):\n"
+        "    if check_version and check_version != __version__:\n"
+        "        raise RuntimeError(f'rocm_sdk {__version__} does not match the {check_version} torch was built for')\n"
+        "    if preload_shortnames:\n"
+        "        preload_libraries(*preload_shortnames, rtld_global=rtld_global)\n"
+    )
+    lines = head.splitlines(keepends=True)
+    lines += ["\n"] * (91 - len(lines))  # preload_libraries on line 92
+    lines += preload.splitlines(keepends=True)
+    lines += ["\n"] * (117 - len(lines))  # initialize_process on line 118, its rtld_global on 121
+    return "".join(lines) + initialize
 
 
-def initialize_process(preload_shortnames=(), check_version=None):
-    \"\"\"Preload the SDK's libraries by short name, as TheRock's rocm_sdk does for torch.\"\"\"
-    if check_version and check_version != __version__:
-        raise RuntimeError(f"rocm_sdk {__version__} does not match the {check_version} torch was built for")
-    import _rocm_sdk_core
-
-    lib = pathlib.Path(_rocm_sdk_core.__file__).parent / "lib"
-    for short in preload_shortnames:
-        for path in sorted(lib.glob(f"lib{short}.so*")):
-            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-"""
+ROCM_SDK_INIT = _rocm_sdk_init()
 ROCM_SDK_MAIN = """import sys, pathlib
 from rocm_sdk._dist_info import __version__
 

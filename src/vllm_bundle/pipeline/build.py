@@ -26,6 +26,7 @@ from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.manifests import check_repo
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.oci.layout import BaseImage
+from vllm_bundle.paths import default_rocm_fixes
 from vllm_bundle.qualify.tier0 import REPORT, failure_message, load_rules, qualify_stage, read_report
 from vllm_bundle.recipes import Channel, Recipes, Target
 from vllm_bundle.release.assets import ReleaseOptions, release_stage, source_date
@@ -179,7 +180,15 @@ def _site(b: Build) -> StageResult:
     family = b.channel.sdk_target_family(b.target)
     python = b.results["python"]
     return site_stage(
-        python, named, b.minor, b.base / "site", b.forced("site"), sdists, b.lock.source_date_epoch, family
+        python,
+        named,
+        b.minor,
+        b.base / "site",
+        b.forced("site"),
+        sdists,
+        b.lock.source_date_epoch,
+        family,
+        fixes=default_rocm_fixes(),
     )
 
 

@@ -33,11 +33,13 @@ from packaging.version import Version
 
 from vllm_bundle.errors import MalformedRecordError, QualificationError
 from vllm_bundle.manifests import dump_json, is_part
+from vllm_bundle.paths import default_rocm_fixes
 from vllm_bundle.qualify.bounded import run_bounded
 from vllm_bundle.qualify.floor import Floor, describe, excesses, manylinux_policy, measure
 from vllm_bundle.recipes import ExtensionRule, Table, Target, read_toml
 from vllm_bundle.tree.launcher import BUILD_HEADER, PYTHON_ONLY, RUNTIME_PTH, runtime_files
 from vllm_bundle.tree.layout import Layout, library_dirs
+from vllm_bundle.tree.patches import fixes_not_applied, installed_rocm_version, read_series
 from vllm_bundle.tree.records import read_record, records, resolve, verify_records
 from vllm_bundle.tree.relocate import dynamic_files, files_mentioning, regular_files
 from vllm_bundle.tree.stage import StageResult, run_stage
@@ -79,6 +81,8 @@ class CheckResult:
     passed: bool
     summary: str
     problems: list[str] = field(default_factory=list)
+    #: What a measuring check measured (tier 2's concurrency), kept in the report and in release.json.
+    figures: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,7 +101,7 @@ class Report:
         return [check for check in self.checks if not check.passed]
 
     def to_json(self) -> bytes:
-        checks = [asdict(c) for c in self.checks]
+        checks = [{k: v for k, v in asdict(c).items() if k != "figures" or v} for c in self.checks]
         doc = {"tier": self.tier, "target": self.target, "passed": self.passed, "checks": checks}
         return dump_json(doc | ({"floor": self.floor} if self.floor is not None else {}))
 
@@ -368,6 +372,47 @@ def check_launcher(layout: Layout) -> CheckResult:
     return CheckResult("launcher", not problems, "launcher valid and executable; interpreter present", problems)
 
 
+#: The sonames of libraries that keep process-wide state: the HSA and HIP runtimes, and rocprofiler's,
+#: whose client registration is a one-shot static (vllm-project/vllm#56190). Two files of one in a process
+#: are two runtimes: vLLM's image points every copy at one file, because it has both SDK trees
+#: (docker/Dockerfile.rocm_base:141-156, 384-399); a bundle ships the core tree alone.
+SINGLE_COPY = (
+    "libhsa-runtime64.so.1",
+    "libamdhip64.so.7",
+    "librocprofiler-sdk.so.1",
+    "librocprofiler-register.so.0",
+    "librocprofiler-sdk-roctx.so.1",
+)
+
+
+def check_rocm_runtime(layout: Layout, elf_files: Mapping[Path, DynamicInfo], fixes: Path) -> CheckResult:
+    """TheRock's runtime as vLLM's own image runs it (docs/building-rocm.md): each fix of patches/rocm-sdk
+    the bundle's SDK version needs is applied, and each library of SINGLE_COPY is one file."""
+    problems = []
+    version = installed_rocm_version(layout.site)
+    if version is None:
+        problems.append("site-packages holds no one rocm distribution: which SDK fixes it needs is unknown")
+    else:
+        for patch in fixes_not_applied(layout.site, read_series(fixes), version):
+            files = ", ".join(f"site-packages/{name}" for name in patch.files)
+            problems.append(f"{files} lacks the fix {patch.id} ({patch.path.name}), which ROCm {version} needs")
+    copies: dict[str, set[tuple[int, int]]] = {}
+    paths: dict[str, list[str]] = {}
+    for path, info in elf_files.items():
+        if info.soname in SINGLE_COPY:
+            stat = path.stat()
+            if (stat.st_dev, stat.st_ino) not in copies.setdefault(info.soname, set()):
+                copies[info.soname].add((stat.st_dev, stat.st_ino))
+                paths.setdefault(info.soname, []).append(str(path.relative_to(layout.root)))
+    problems += [
+        f"{soname} is shipped {len(found)} times ({', '.join(found)}): one process would load two runtimes"
+        for soname, found in sorted(paths.items())
+        if len(found) > 1
+    ]
+    summary = f"ROCm {version}: its SDK fixes applied, one copy of each runtime library"
+    return CheckResult("rocm-runtime", not problems, summary, problems)
+
+
 def check_runtime(layout: Layout) -> CheckResult:
     """The runtime the launcher relies on is in site-packages as this tool wrote it: without its ``.pth``
     a killed server would leave its EngineCore holding GPU memory (runtime/orphans.py)."""
@@ -567,6 +612,7 @@ def qualify_tree(
         lambda: check_symlinks(layout),
         lambda: check_launcher(layout),
         lambda: check_runtime(layout),
+        lambda: check_rocm_runtime(layout, elf_files, default_rocm_fixes()),
         lambda: check_toolchain(layout),
         lambda: check_build_paths(layout, build_dir),
         lambda: check_size(layout, target),
@@ -596,7 +642,7 @@ def bundle_root(source: Path) -> Iterator[Path]:
         yield root
 
 
-STAGE_VERSION = 11  # 11: the symbol-versions check and the measured floor
+STAGE_VERSION = 12  # 11: the symbol-versions check and the measured floor; 12: rocm-runtime
 REPORT = "qualification.json"
 
 

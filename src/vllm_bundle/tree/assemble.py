@@ -19,6 +19,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,10 +35,11 @@ from vllm_bundle.errors import AssembleError
 from vllm_bundle.recipes import AttentionRule, ServerRule
 from vllm_bundle.tree.launcher import render_launcher, runtime_files
 from vllm_bundle.tree.layout import Layout, library_dirs
+from vllm_bundle.tree.patches import Outcome, Patch, apply_fixes, installed_rocm_version, read_series
 from vllm_bundle.tree.prune import PruneRules, prune
 from vllm_bundle.tree.records import refresh_records
 from vllm_bundle.tree.relocate import check_no_build_paths, fix_rpaths, fix_shebangs
-from vllm_bundle.tree.stage import StageResult, run_stage
+from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 from vllm_bundle.tree.toolchain import WRAPPER, ZIG, render_wrapper, write_wrapper
 from vllm_bundle.util.fetch import require_sha256
 
@@ -174,6 +176,28 @@ def expose_amd_smi(layout: Layout) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class SdkFixes:
+    outcomes: list[Outcome]
+    files: list[Path]  # the files the applied fixes changed, whose RECORD rows are re-hashed
+
+
+def apply_sdk_fixes(site: Path, series: list[list[Patch]]) -> SdkFixes:
+    """The fixes of ``series`` the installed SDK's version needs, applied to ``site`` (patches/rocm-sdk)."""
+    if not series:
+        return SdkFixes([], [])
+    version = installed_rocm_version(site)
+    if version is None:
+        raise AssembleError(
+            "cannot tell which fixes the ROCm SDK needs: site-packages holds no one rocm distribution",
+            "check the lock's rocm sdist",
+        )
+    outcomes = apply_fixes(site, series, version)
+    applied = {o.variant for o in outcomes if o.status == "applied"}
+    files = [site / f for group in series for p in group if p.path.name in applied for f in p.files]
+    return SdkFixes(outcomes, files)
+
+
 def build_sdist_wheel(sdist: Path, filename: str, out_dir: Path, source_date: int, target_family: str) -> Path:
     """A pure-Python wheel from a locked sdist (TheRock's ``rocm`` meta package, published only as an
     sdist), built by uv with the setuptools of this tool's own locked environment, no network,
@@ -226,18 +250,23 @@ def site_stage(
     sdists: Mapping[Path, tuple[str, str]] | None = None,
     source_date: int = 0,
     target_family: str = "",
+    *,
+    fixes: Path | None = None,
 ) -> StageResult:
     """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
     the same name with other bytes redoes the stage); ``sdists``: cache blob -> (sha256, file name) of
     locked source releases built into wheels here. Every input is checked before it is used. Console
-    scripts get the relocatable trampoline here already: the vLLM build runs some (ninja)."""
+    scripts get the relocatable trampoline here already: the vLLM build runs some (ninja). ``fixes``: the
+    series of fixes to the installed ROCm SDK (patches/rocm-sdk), applied for the SDK version installed."""
     sdists = dict(sdists or {})
+    series = read_series(fixes) if fixes else []
     inputs = {
         "python": python.key,
         "wheels": {path.name: sha for path, sha in sorted(wheels.items())},
         "sdists": {name: sha for sha, name in sorted(sdists.values())},
         "source_date": source_date,
         "target_family": target_family,
+        "fixes": file_digest(fixes / "series", *(p.path for group in series for p in group)) if fixes else "",
     }
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -256,8 +285,13 @@ def site_stage(
             install_wheels(layout, [*wheels, *from_sdists])
         finally:
             shutil.rmtree(built, ignore_errors=True)
-        refresh_records(layout.site, set(fix_shebangs(tmp, f"python{minor}")))
-        return {"wheels": len(wheels) + len(from_sdists), "amd_smi": expose_amd_smi(layout)}
+        fixed = apply_sdk_fixes(layout.site, series)
+        refresh_records(layout.site, {*fix_shebangs(tmp, f"python{minor}"), *fixed.files})
+        return {
+            "wheels": len(wheels) + len(from_sdists),
+            "amd_smi": expose_amd_smi(layout),
+            "rocm_fixes": [o.__dict__ for o in fixed.outcomes],
+        }
 
     return run_stage(out, "site", STAGE_VERSION, inputs, build, force=force)
 

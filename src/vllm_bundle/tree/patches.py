@@ -1,4 +1,5 @@
-"""The vLLM patch series: version-aware selection and transactional application.
+"""The patch series (vLLM's, and the fixes to TheRock's installed SDK): version-aware selection and
+transactional application.
 
 Patches are unified diffs with a small header (see patches/vllm/README.md). GNU ``patch`` applies
 them and ``unidiff`` parses them (to name a rejected hunk); what is written here is only the series
@@ -10,6 +11,7 @@ it: it must hold every ISA the targets need, not just one name.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -45,8 +47,20 @@ class Patch:
 @dataclass(frozen=True)
 class Outcome:
     patch_id: str
-    status: str  # "applied" | "already applied" | "already upstream"
+    status: str  # "applied" | "already applied" | "already upstream" | "not needed" (an SDK fix)
     variant: str  # file name of the variant used, or ""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a series patches, as its errors name it, and where its rules are written."""
+
+    name: str
+    readme: str
+
+
+VLLM = Subject("vLLM", "patches/vllm/README.md")
+ROCM_SDK = Subject("the ROCm SDK", "patches/rocm-sdk/README.md")
 
 
 def _header(text: str, path: Path) -> dict[str, str]:
@@ -180,8 +194,8 @@ def _first_difference(tree: Path, file: str, hunk: Any) -> str:
     return "its lines are there, in another order or place"
 
 
-def _rejected_hunk(patch: Patch, output: str, version: Version, tree: Path) -> PatchError:
-    """Name the patch, file, hunk and vLLM version of a failed apply, and the line that differs."""
+def _rejected_hunk(patch: Patch, output: str, version: Version, tree: Path, subject: Subject = VLLM) -> PatchError:
+    """Name the patch, file, hunk and version of a failed apply, and the line that differs."""
     failed = re.search(r"Hunk #(\d+) FAILED at (\d+)", output)
     file_match = re.findall(r"(?:checking|patching) file (\S+)", output[: failed.start()] if failed else output)
     file = file_match[-1] if file_match else (patch.files[0] if patch.files else "?")
@@ -197,8 +211,9 @@ def _rejected_hunk(patch: Patch, output: str, version: Version, tree: Path) -> P
         difference = _first_difference(tree, file, hunk) if hunk else output.strip()
         detail = f"hunk #{number} {header} rejected: {difference}"
     return PatchError(
-        f"patch {patch.path.name} ({patch.id}) does not apply to vLLM {version}: {file}: {detail or output.strip()}",
-        f"port the patch for vLLM {version} (see patches/vllm/README.md); the source tree was left untouched",
+        f"patch {patch.path.name} ({patch.id}) does not apply to {subject.name} {version}: {file}: "
+        f"{detail or output.strip()}",
+        f"port the patch for {subject.name} {version} (see {subject.readme}); the tree was left untouched",
     )
 
 
@@ -241,6 +256,44 @@ def apply_series(
     """Apply the series to ``tree`` all or nothing; returns each patch id's outcome. ``required_isas``:
     every ISA of every target, which the architecture list must hold once the series is applied."""
     plan = _plan(tree, series, version, required_isas)
+    return _apply_plan(tree, plan, version, VLLM, series, required_isas)
+
+
+def apply_fixes(tree: Path, series: list[list[Patch]], version: Version) -> list[Outcome]:
+    """Apply a series of fixes to the installed ROCm SDK in ``tree`` (site-packages), all or nothing. Unlike
+    vLLM's series, a fix whose ``Versions:`` do not contain the SDK's ``version`` is not needed there."""
+    plan: list[tuple[Patch | None, Outcome]] = []
+    for group in series:
+        patch = _choose(group, version)
+        outcome = Outcome(group[0].id, "pending", patch.path.name) if patch else Outcome(group[0].id, "not needed", "")
+        plan.append((patch, outcome))
+    return _apply_plan(tree, plan, version, ROCM_SDK)
+
+
+def installed_rocm_version(site: Path) -> Version | None:
+    """The ROCm SDK version site-packages holds: its ``rocm`` distribution's (TheRock's meta package), which
+    says which fixes of patches/rocm-sdk it needs. None unless there is exactly one."""
+    found = [d.version for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "rocm"]
+    return Version(found[0]) if len(found) == 1 else None
+
+
+def fixes_not_applied(tree: Path, series: list[list[Patch]], version: Version) -> list[Patch]:
+    """The fixes the SDK's ``version`` needs that ``tree`` does not have (tier 0)."""
+    needed = [patch for group in series if (patch := _choose(group, version)) is not None]
+    return [p for p in needed if _run_patch(tree, p, reverse=True, dry_run=True).returncode != 0]
+
+
+def _apply_plan(
+    tree: Path,
+    plan: list[tuple[Patch | None, Outcome]],
+    version: Version,
+    subject: Subject,
+    series: list[list[Patch]] | None = None,
+    required_isas: frozenset[str] = frozenset(),
+) -> list[Outcome]:
+    """Apply the plan's patches to a scratch copy of the files they touch beside ``tree``, check the result
+    (it compiles; the architecture lists of ``series`` hold ``required_isas``), then move it in: a failure
+    leaves ``tree`` as it was."""
     touched = sorted({f for patch, _ in plan if patch for f in patch.files})
     outcomes: list[Outcome] = []
     # Scratch space beside the tree, not in $TMPDIR: its files are renamed into the tree at the end, and
@@ -255,9 +308,9 @@ def apply_series(
             if patch is None:
                 outcomes.append(outcome)
                 continue
-            outcomes.append(_apply_one(scratch, tree, patch, version, required_isas))
-        _check_python_compiles(scratch, touched, version)
-        _check_archs(scratch, tree, series, version, required_isas)
+            outcomes.append(_apply_one(scratch, tree, patch, version, required_isas, subject))
+        _check_python_compiles(scratch, touched, version, subject)
+        _check_archs(scratch, tree, series or [], version, required_isas)
         for name in touched:
             if (scratch / name).is_file():
                 created = not (tree / name).exists()
@@ -269,14 +322,16 @@ def apply_series(
     return outcomes
 
 
-def _apply_one(scratch: Path, tree: Path, patch: Patch, version: Version, required: frozenset[str]) -> Outcome:
+def _apply_one(
+    scratch: Path, tree: Path, patch: Patch, version: Version, required: frozenset[str], subject: Subject
+) -> Outcome:
     if _run_patch(scratch, patch, reverse=True, dry_run=True).returncode == 0:
         return Outcome(patch.id, "already applied", patch.path.name)
     if patch.archs is not None and _upstream_has(tree, patch, required):
         return Outcome(patch.id, "already upstream", patch.path.name)
     result = _run_patch(scratch, patch)
     if result.returncode != 0:
-        raise _rejected_hunk(patch, result.stdout + result.stderr, version, scratch)
+        raise _rejected_hunk(patch, result.stdout + result.stderr, version, scratch, subject)
     return Outcome(patch.id, "applied", patch.path.name)
 
 
@@ -317,13 +372,13 @@ def verify_outcomes(
     return None
 
 
-def _check_python_compiles(scratch: Path, touched: list[str], version: Version) -> None:
+def _check_python_compiles(scratch: Path, touched: list[str], version: Version, subject: Subject = VLLM) -> None:
     for name in touched:
         if name.endswith(".py") and (scratch / name).is_file():
             try:
                 compile((scratch / name).read_text(), name, "exec")
             except SyntaxError as err:
                 raise PatchError(
-                    f"the patched {name} of vLLM {version} does not compile: {err}",
+                    f"the patched {name} of {subject.name} {version} does not compile: {err}",
                     "fix the patch; the source tree was left untouched",
                 ) from None
