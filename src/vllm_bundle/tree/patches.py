@@ -273,7 +273,10 @@ def apply_fixes(tree: Path, series: list[list[Patch]], version: Version) -> list
 def installed_rocm_version(site: Path) -> Version | None:
     """The ROCm SDK version site-packages holds: its ``rocm`` distribution's (TheRock's meta package), which
     says which fixes of patches/rocm-sdk it needs. None unless there is exactly one."""
-    found = [d.version for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "rocm"]
+    # Only the rocm-*.dist-info directories are read (a bundle has hundreds of distributions); the name in
+    # the METADATA decides (rocm-sdk-core's directory is rocm_sdk_core-*, but a name is checked, not assumed).
+    candidates = [importlib.metadata.PathDistribution(p) for p in sorted(site.glob("rocm-*.dist-info"))]
+    found = [d.version for d in candidates if d.metadata["Name"] == "rocm"]
     return Version(found[0]) if len(found) == 1 else None
 
 
