@@ -53,6 +53,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--only", choices=GROUPS, action="append", help="run this group (repeatable; default all)")
     parser.add_argument("--tree-gib", type=float, default=8.0, help="size of the real-size tree (default 8)")
+    parser.add_argument("--delta-gib", type=float, default=3.0, help="size of the delta row's trees (default 3)")
     parser.add_argument("--job-targets", nargs="+", default=["gfx1151"], help="release-job's targets (default gfx1151)")
     parser.add_argument(
         "--job-scale", type=float, default=1.0, help="release-job's wheels at this share of real size (default 1)"
@@ -90,7 +91,7 @@ def main() -> int:
                 if "bundle" in groups:
                     bench_bundle(pipeline, report)
                 if "delta" in groups:
-                    DeltaBench(pipeline.bundle(), work, report).run()
+                    DeltaBench(pipeline.bundle(), work, report, int(args.delta_gib * 2**30)).run()
                 if "real-size" in groups:
                     RealSize(pipeline.bundle(), work, report, size).run()
                 for target in args.job_targets if "release-job" in groups else []:

@@ -200,3 +200,23 @@ def test_the_delta_rows_vllm_tree_replaces_every_python_file_and_keeps_the_rest(
         "vllm/x/y.py",
     ]
     assert (site / "vllm" / "_C.abi3.so").read_bytes() == b"\x7fELF kept"
+
+
+def test_a_vllm_bump_in_the_delta_row_recompiles_every_extension(tmp_path: Path) -> None:
+    """bench/delta.py's vLLM bump: the extensions grow to the stated total, keep their own ELF head, and
+    share no 4 KiB block with another version's (a recompile changes every byte of them)."""
+    from bench.delta import recompile
+
+    versions = {}
+    for version in ("0.32.0", "0.33.0"):
+        extensions = [tmp_path / version / name for name in ("_C.abi3.so", "_rocm_C.abi3.so")]
+        for extension in extensions:
+            extension.parent.mkdir(exist_ok=True)
+            extension.write_bytes(b"\x7fELF" + extension.name.encode())
+        recompile(extensions, 2 << 20, version)
+        assert [e.stat().st_size for e in extensions] == [1 << 20, 1 << 20]
+        assert all(e.read_bytes().startswith(b"\x7fELF" + e.name.encode()) for e in extensions)
+        versions[version] = b"".join(e.read_bytes() for e in extensions)
+    old, new = (versions[v] for v in ("0.32.0", "0.33.0"))
+    blocks = {old[i : i + 4096] for i in range(0, len(old), 4096)}
+    assert not any(new[i : i + 4096] in blocks for i in range(0, len(new), 4096))
