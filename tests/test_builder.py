@@ -337,7 +337,7 @@ def test_without_warn_only_a_bundle_above_its_floor_stops_before_its_release(
     build = tmp_path / "build"  # a copy: its release directory beside it starts empty
     shutil.copytree(trixie_build, build, symlinks=True)
     result = bundle_cli(recipes, _server, build, built.parent / "cache", builder=builder_registry)
-    last = assert_one_line_error(result, "tier 0 qualification failed (1 of 17 checks): symbol-versions: ")
+    last = assert_one_line_error(result, "tier 0 qualification failed (1 of 18 checks): symbol-versions: ")
     assert "vllm/cumem_allocator.abi3.so needs __isoc23_strtoull@GLIBC_2.38" in last
     assert "stage  vllm-wheel  cached" in result.stdout, "the same build, only its release refused"
     assert not (tmp_path / "bundles").exists() or not any((tmp_path / "bundles").iterdir())
