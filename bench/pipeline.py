@@ -3,6 +3,8 @@ as the tests build it): a full build from an empty build directory, then a run w
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ from tests.conftest import PART_SIZE, TEST_CACHE, TEST_DOWNLOADS, bundle_args, c
 from tests.upstream.fixture import CP, build_fixture
 from tests.upstream.real_wheels import real_wheels
 from tests.upstream.server import UpstreamServer
+from tests.upstream.stand_ins import host_compiler
 
 from bench.measure import Outcome, run_child
 from bench.report import Report, seconds_and_rss
@@ -25,11 +28,25 @@ class FixtureBundle:
     recipes: Path
 
 
+def host_compilers(bin_dir: Path) -> Path:
+    """This machine's g++ compiling the stand-ins of vLLM's units, first on the build's PATH, as the suite
+    sets it up for a build with --no-builder (tests/conftest.py host_compiler_stand_ins): without it the
+    fixture's sources reach for CUDA headers the fake SDK does not have."""
+    real = shutil.which("g++")
+    if real is None:
+        raise SystemExit("bench: the fixture build needs g++ (apt-get install g++)")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "g++").write_text(host_compiler(str(Path(real).resolve())))
+    (bin_dir / "g++").chmod(0o755)
+    return bin_dir
+
+
 class Pipeline:
     """The fixture upstream served on loopback, its recipes locked once; builds on demand."""
 
     def __init__(self, work: Path) -> None:
         self.work = work
+        self.env = {**os.environ, "PATH": f"{host_compilers(work / 'host-compilers')}{os.pathsep}{os.environ['PATH']}"}
         real = real_wheels(TEST_DOWNLOADS, CP, work / "real")
         fixture = build_fixture(work / "pipeline-upstream", real, cache=TEST_CACHE / "fixture")
         self.server = UpstreamServer(fixture.root).start()
@@ -48,7 +65,10 @@ class Pipeline:
         """``vllm-bundle bundle gfx1151`` into ``build``; succeeded means exit 0 and a release on disk."""
         args = bundle_args(self.recipes, self.server, build, self.cache)
         outcome = run_child(
-            [sys.executable, "-m", "vllm_bundle", *args], logs=self.work / "logs" / build.name, timeout=1800
+            [sys.executable, "-m", "vllm_bundle", *args],
+            logs=self.work / "logs" / build.name,
+            env=self.env,
+            timeout=1800,
         )
         if outcome.ok and not any((build.parent / "bundles").glob("*/release.json")):
             return Outcome(outcome.seconds, outcome.peak_rss, "exit 0 but no release.json was written")
