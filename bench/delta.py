@@ -23,7 +23,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import PART_SIZE, VllmSdists
+from tests.conftest import VllmSdists
 from tests.releases import make_release
 from tests.upstream.server import SharedLink, UpstreamServer
 
@@ -32,7 +32,7 @@ from bench.pipeline import FixtureBundle
 from bench.real_size import HOST
 from bench.report import Report
 from bench.tree import elf_blocks, grow_bundle, machine_code
-from vllm_bundle.manifests import RELEASE_JSON
+from vllm_bundle.manifests import DEFAULT_PART_SIZE, RELEASE_JSON
 from vllm_bundle.util.extract import safe_extract
 
 LINK = 100 * 10**6 // 8  # 100 Mbit/s, in bytes per second
@@ -105,7 +105,7 @@ class DeltaBench:
             self.server.stop()
 
     def _release(self, root: Path, tag: str, date: int) -> str:
-        make_release(root, self.server.root / "releases" / tag, tag, date, PART_SIZE)
+        make_release(root, self.server.root / "releases" / tag, tag, date, DEFAULT_PART_SIZE)  # as released
         return f"{self.server.url}/releases/{tag}/"
 
     def _install(self, url: str, dest: Path, name: str, *extra: str) -> Moved:
