@@ -77,10 +77,6 @@ class Target:
     size_budget: SizeBudget
 
     @property
-    def size_budget_gib(self) -> float:
-        return self.size_budget.gib
-
-    @property
     def pytorch_rocm_arch(self) -> str:
         return ";".join(self.isas)
 

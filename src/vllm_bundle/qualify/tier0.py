@@ -396,16 +396,13 @@ def check_rocm_runtime(layout: Layout, elf_files: Mapping[Path, DynamicInfo], fi
         for patch in fixes_not_applied(layout.site, read_series(fixes), version):
             files = ", ".join(f"site-packages/{name}" for name in patch.files)
             problems.append(f"{files} lacks the fix {patch.id} ({patch.path.name}), which ROCm {version} needs")
-    copies: dict[str, set[tuple[int, int]]] = {}
-    paths: dict[str, list[str]] = {}
+    paths: dict[str, dict[tuple[int, int], str]] = {}  # soname -> inode -> the first path of it
     for path, info in elf_files.items():
         if info.soname in SINGLE_COPY:
             stat = path.stat()
-            if (stat.st_dev, stat.st_ino) not in copies.setdefault(info.soname, set()):
-                copies[info.soname].add((stat.st_dev, stat.st_ino))
-                paths.setdefault(info.soname, []).append(str(path.relative_to(layout.root)))
+            paths.setdefault(info.soname, {}).setdefault((stat.st_dev, stat.st_ino), str(path.relative_to(layout.root)))
     problems += [
-        f"{soname} is shipped {len(found)} times ({', '.join(found)}): one process would load two runtimes"
+        f"{soname} is shipped {len(found)} times ({', '.join(found.values())}): one process would load two runtimes"
         for soname, found in sorted(paths.items())
         if len(found) > 1
     ]
