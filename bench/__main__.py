@@ -9,8 +9,8 @@ real-size: a bundle grown to --tree-gib (8 GiB: ELF files up to 2 GiB, .kpack bl
            archive (vs tar | pigz: >= 1.5x at <= 1.01x its size), tier 0, verify-repro's comparison,
            image layers, install (vs Lemonade's way); each in a process of its own, peak RSS < 512 MiB.
 delta:     updates over a previous install through one 100 Mbit/s loopback link, as a delta and as a full
-           download: vLLM 0.32.0 -> 0.33.0 only (goals: <= 15% of the bytes, <= 25% of the time), the
-           source date only (< 1% of the bytes).
+           download: vLLM 0.32.0 -> 0.33.0 only (goals: <= 15% of the bytes, <= 10% of the time), the
+           source date only (< 1% of the bytes, <= 5% of the time).
 release-job: the release workflow's job (lock, bundle --image, tier 0 on the parts) for each of
            --job-targets, its wheels grown to real size: peak disk and memory against the runner's.
 """

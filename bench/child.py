@@ -13,7 +13,7 @@ from pathlib import Path
 def archive(tree: Path, out: Path, stem: str, part_size: int) -> None:
     from vllm_bundle.release.archive import write_archive
 
-    parts, size, _, _ = write_archive(tree, out, stem, 0, part_size=part_size)
+    parts, size, *_ = write_archive(tree, out, stem, part_size=part_size)
     if sum(p.size for p in parts) != size or not all(p.path.stat().st_size == p.size for p in parts):
         raise SystemExit("the parts on disk do not add up to the archive")
     print(json.dumps({"parts": len(parts), "size": size}))

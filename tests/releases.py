@@ -18,7 +18,7 @@ def make_release(root: Path, where: Path, tag: str, date: int, part_size: int, t
     reads (release/assets.py writes these and more)."""
     where.mkdir(parents=True)
     assets = ReleaseAssets(tag)
-    archive = write_archive(root, where, assets.stem, date, part_size=part_size)
+    archive = write_archive(root, where, assets.stem, part_size=part_size)
     (where / assets.partcount).write_text(f"{len(archive.parts):02d}")
     (where / assets.toc).write_bytes(archive.toc)
     release = {
@@ -28,6 +28,7 @@ def make_release(root: Path, where: Path, tag: str, date: int, part_size: int, t
         "archive": {
             "size": archive.size,
             "sha256": archive.sha256,
+            "tar_sha256": archive.tar_sha256,
             "level": DEFAULT_LEVEL,
             "archiver": archiver(),
             "parts": [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in archive.parts],

@@ -64,7 +64,7 @@ def test_the_archive_writer_refuses_a_part_size_below_one(tmp_path: Path, part_s
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "tool").write_text("x" * 1000)
     with pytest.raises(ArchiveError, match=f"part size {part_size} "):
-        write_archive(root, tmp_path / "out", "x-x64", 1, part_size=part_size)
+        write_archive(root, tmp_path / "out", "x-x64", part_size=part_size)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
@@ -96,16 +96,16 @@ def _random_tree(root: Path, size: int) -> Path:
 def test_the_archive_writer_stops_before_part_100(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """#32 E5: ``--part-size 1`` wrote 883,688 part files (3.5 GB) before finish() said 99 is the most."""
     root = _random_tree(tmp_path / "root", 20_000)
-    whole = write_archive(root, tmp_path / "whole", "x-x64", 1)[1]
+    whole = write_archive(root, tmp_path / "whole", "x-x64")[1]
     opened = _opened_parts(monkeypatch)
     at_most = -(-whole // MAX_PARTS)  # the smallest part size that needs no more than 99 parts
-    parts = write_archive(root, tmp_path / "fits", "x-x64", 1, part_size=at_most)[0]
+    parts = write_archive(root, tmp_path / "fits", "x-x64", part_size=at_most)[0]
     assert len(parts) <= MAX_PARTS and parts[-1].path.name.endswith(f"-of-{len(parts):02d}.tar.gz")
     too_small = (whole - 1) // MAX_PARTS  # 99 parts of it hold less than the archive
     assert too_small * MAX_PARTS < whole and too_small * MAX_PARTS >= whole // 1032, "not refused up front"
     opened.clear()
     with pytest.raises(ArchiveError) as caught:
-        write_archive(root, tmp_path / "out", "x-x64", 1, part_size=too_small)
+        write_archive(root, tmp_path / "out", "x-x64", part_size=too_small)
     assert max(opened) == MAX_PARTS, f"opened parts up to {max(opened)}, not refused before part 100"
     assert str(caught.value) == (
         f"the archive needs more than {MAX_PARTS} parts of {too_small} bytes; part names allow {MAX_PARTS} "
@@ -127,7 +127,7 @@ def test_a_part_size_known_to_be_too_small_is_refused_before_any_part(
     (root / "lib" / "same").hardlink_to(root / "lib" / "zeros")  # a second name: no second copy
     opened = _opened_parts(monkeypatch)
     with pytest.raises(ArchiveError) as caught:
-        write_archive(root, tmp_path / "out", "x-x64", 1, part_size=part_size)
+        write_archive(root, tmp_path / "out", "x-x64", part_size=part_size)
     assert opened == [], "refused before any part was opened"
     message = str(caught.value)
     found = re.fullmatch(
@@ -193,7 +193,7 @@ def test_the_archive_writer_refuses_to_write_into_the_tree_it_archives(tmp_path:
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "tool").write_text("x")
     with pytest.raises(ArchiveError, match="inside the tree it archives"):
-        write_archive(root, root / "bundles" / ".tag.tmp", "x-x64", 1)
+        write_archive(root, root / "bundles" / ".tag.tmp", "x-x64")
     assert not (root / "bundles").exists()
 
 

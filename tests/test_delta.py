@@ -309,13 +309,14 @@ def test_a_table_that_does_not_describe_the_parts_gets_the_full_download(
     lie: Callable[[dict[str, Any]], None], releases: Releases, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
     """The parts untouched, only the table and its sha256 in release.json changed (#51 F7): a table that
-    adds up but does not describe the parts. The assembled tree is archived again and does not give the
-    parts' sha256, so the whole release is downloaded: what --no-delta installs, never what the table says."""
+    adds up but does not describe the parts. The assembled tree's tar stream, hashed again from disk, is not
+    the one the parts inflate to (archive.tar_sha256), so the whole release is downloaded: what --no-delta
+    installs, never what the table says."""
     url = _lying_release(lie, releases, upstream, tmp_path)
     dest = previous(releases, tmp_path)
     result = install(url, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
-    assert "does not archive to the release's parts" in line, line
+    assert "is not the tar stream of the release's parts" in line, line
     installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
     assert installed == expected
@@ -651,21 +652,163 @@ def test_a_range_redirected_to_plain_http_gets_the_full_download(
     assert tree_with_times(dest) == tree_with_times(releases.installed_new)
 
 
-@pytest.mark.parametrize("level", [13, -1, "6"])
-def test_a_gzip_level_libdeflate_has_not_is_refused_in_one_line(
-    level: object, releases: Releases, upstream: UpstreamServer, tmp_path: Path
+@pytest.mark.parametrize("value", ["0" * 63, 7, None], ids=["short", "number", "missing"])
+def test_a_tar_sha256_that_is_not_one_is_refused_or_gets_the_full_download(
+    value: object, releases: Releases, upstream: UpstreamServer, tmp_path: Path
 ) -> None:
-    """release.json's archive.level is what a delta compresses its tree at to check it: a level libdeflate
-    does not have (0-12) makes release.json not one of ours, refused in one line like any other field that
-    is wrong, never a traceback from the compressor."""
+    """release.json's archive.tar_sha256 is what a delta checks the tree it wrote against (#54): one that
+    is not a sha256 makes release.json not one of ours, refused in one line like any other field that is
+    wrong, with the previous install as it was; a release without one (made before #54) is installed whole."""
     case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"
-    published = upstream.root / "levels" / case / TAG
+    published = upstream.root / "stream-digests" / case / TAG
     shutil.copytree(releases.new_dir, published)
     release = json.loads((published / RELEASE_JSON).read_text())
-    release["archive"]["level"] = level
+    if value is None:
+        del release["archive"]["tar_sha256"]
+    else:
+        release["archive"]["tar_sha256"] = value
     (published / RELEASE_JSON).write_text(json.dumps(release))
     dest = previous(releases, tmp_path)
     before = tree_with_times(dest)
-    result = install(f"{upstream.url}/levels/{case}/{TAG}/", dest, tmp_path / "cache")
-    assert_one_line_error(result, "archive.level")
+    result = install(f"{upstream.url}/stream-digests/{case}/{TAG}/", dest, tmp_path / "cache")
+    if value is None:
+        assert "archive.tar_sha256 (a release made before #54)" in why_the_whole_release(result)
+        assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+        return
+    assert_one_line_error(result, "archive.tar_sha256")
     assert tree_with_times(dest) == before
+
+
+# -- files kept as they were: hard links to the previous install's (#54) --------------------------------
+
+
+def kept(result: subprocess.CompletedProcess[str]) -> int:
+    """How many files the delta said it kept as they were (linked to the previous install's)."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("delta from ")]
+    return int(line.split(" files kept as they were")[0].rsplit("(", 1)[1])
+
+
+def regular_files(toc_bytes: bytes) -> dict[str, list[str]]:
+    """Each regular file of a table: its chunks' sha256."""
+    entries = json.loads(gzip.decompress(toc_bytes))["entries"]
+    files: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry["type"] in ("reg", "chunk") and "chunkDigest" in entry:
+            files.setdefault(entry["name"], []).append(entry["chunkDigest"])
+        elif entry["type"] == "reg":
+            files[entry["name"]] = []
+    return files
+
+
+def test_an_update_keeps_every_unchanged_file_as_a_link_and_writes_only_what_changed(
+    releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The older release is a day older, one library changed, one file gone, one more: every other file
+    has the same bytes, mode and time in both (tarstream.RELEASED_MTIME), so the update links it and
+    writes only the changed library and the new file (and the files the copy of the previous install
+    holds as a file of their own where the release has a second name); the tree is a full install's."""
+    dest = previous(releases, tmp_path)
+    old = regular_files((dest / KEPT_TOC).read_bytes())
+    new = regular_files((releases.new_dir / ASSETS.toc).read_bytes())
+    same = {name for name, chunks in new.items() if old.get(name) == chunks}
+    assert releases.changed in old and releases.changed in new and releases.changed not in same
+    result = install(releases.new, dest, tmp_path / "cache")
+    assert kept(result) == len(same) > 0.9 * len(new), result.stdout
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new), "what a full install gives"
+
+
+def _touched(dest: Path) -> Path:
+    path = dest / "bin" / "vllm-server"
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    return path
+
+
+def _mode_changed(dest: Path) -> Path:
+    path = dest / "bin" / "vllm-server"
+    path.chmod(0o700)
+    return path
+
+
+def _linked_from_outside(dest: Path) -> Path:
+    path = dest / "bin" / "vllm-server"
+    (dest.parent / "outside").hardlink_to(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "change", [_touched, _mode_changed, _linked_from_outside], ids=["other-time", "other-mode", "linked-from-outside"]
+)
+def test_a_file_whose_metadata_differs_is_written_not_linked(
+    change: Callable[[Path], Path], releases: Releases, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """A file of the previous install with the release's bytes but another time, another mode, or a name
+    outside the install (a link from elsewhere would change the new install when that name is written)
+    is written as a full install writes it, never linked and never changed in place."""
+    dest = previous(releases, tmp_path)
+    path = change(dest)
+    expected = kept(install(releases.new, previous(releases, tmp_path / "plain"), tmp_path / "plain-cache"))
+    result = install(releases.new, dest, tmp_path / "cache")
+    assert kept(result) == expected - 1, result.stdout
+    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert (dest / "bin" / "vllm-server").stat().st_nlink == 1
+    if change is _linked_from_outside:
+        assert (dest.parent / "outside").stat().st_nlink == 1, "the new install shares nothing with it"
+    del path
+
+
+def nlinks(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.lstat().st_nlink for p in sorted(root.rglob("*")) if not p.is_symlink()}
+
+
+@pytest.mark.parametrize("how", ["exchange", "second-rename"])
+def test_a_swap_that_fails_with_shared_files_leaves_the_previous_install_intact(
+    how: str, releases: Releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new tree is assembled, most of its files hard links to the previous install's; then the swap
+    fails: at the exchange itself, or (without RENAME_EXCHANGE, as on NFS) at the second rename, after the
+    previous install was moved aside and must be moved back. The previous install is as it was, byte,
+    mode, time and link count, nothing of the new tree is left, and it still runs."""
+    from vllm_bundle.errors import InstallError
+    from vllm_bundle.install import installer
+    from vllm_bundle.util.fetch import Fetcher
+    from vllm_bundle.util.policy import RetryPolicy
+    from vllm_bundle.util.progress import PlainReporter
+
+    dest = previous(releases, tmp_path)
+    before, links = tree_with_times(dest), nlinks(dest)
+    shared: list[int] = []
+    real_swap, real_rename = installer.swap_into_place, Path.rename
+
+    def failing_swap(staging: Path, into: Path) -> None:
+        inodes = {p.lstat().st_ino for p in into.rglob("*") if p.is_file() and not p.is_symlink()}
+        shared.append(sum(1 for p in staging.rglob("*") if p.is_file() and p.lstat().st_ino in inodes))
+        if how == "exchange":
+            raise OSError(5, "Input/output error", str(into))
+        monkeypatch.setattr(installer, "_rename_exchange", lambda first, second: False)
+
+        def rename(self: Path, target: Any) -> Path:
+            if self == staging:
+                raise OSError(5, "Input/output error", str(self))
+            return real_rename(self, target)
+
+        monkeypatch.setattr(Path, "rename", rename)
+        real_swap(staging, into)
+
+    monkeypatch.setattr(installer, "swap_into_place", failing_swap)
+    policy = RetryPolicy()
+    release = installer.release_from_assets(releases.new, policy)
+    with (
+        Fetcher(Cache(tmp_path / "cache"), PlainReporter(), policy=policy) as fetcher,
+        pytest.raises(InstallError, match="Input/output error"),
+    ):
+        installer.install_release(release, dest, fetcher, policy, lambda line: None)
+    monkeypatch.undo()
+    files = sum(1 for path in dest.rglob("*") if path.is_file() and not path.is_symlink())
+    assert shared and shared[0] > 0.9 * files, f"the new tree shared {shared} of {files} files with the old"
+    assert tree_with_times(dest) == before, "the previous install's bytes, modes and times"
+    assert nlinks(dest) == links, "and link counts: nothing of the new tree holds its files"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vllm.")] == [".vllm.vllm-bundle.lock"]
+    python = next((dest / "bin").glob("python3.*"))
+    ran = subprocess.run([python, "-I", "-c", "import json; print('ran')"], capture_output=True, text=True, check=False)
+    assert ran.stdout.strip() == "ran", ran.stderr

@@ -91,7 +91,7 @@ def test_hashing_an_archive_member_holds_no_whole_member(tmp_path: Path) -> None
     tree.mkdir()
     with (tree / "big.bin").open("wb") as handle:
         handle.truncate(768 * 2**20)
-    parts = write_archive(tree, tmp_path / "a", "x", 1, level=1).parts
+    parts = write_archive(tree, tmp_path / "a", "x", level=1).parts
     result = _bounded(
         "from vllm_bundle.qualify.repro import first_difference",
         "print(first_difference([Path(sys.argv[1])], [Path(sys.argv[1])]))",
@@ -134,7 +134,7 @@ def test_the_release_archive_chunks_a_file_a_window_at_a_time(tmp_path: Path) ->
         handle.truncate(768 * 2**20)
     result = _bounded(
         "from vllm_bundle.release.archive import write_archive",
-        "print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', 1, level=1).size)",
+        "print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', level=1).size)",
         tree,
         tmp_path / "parts",
     )
@@ -144,16 +144,16 @@ def test_the_release_archive_chunks_a_file_a_window_at_a_time(tmp_path: Path) ->
 
 def test_an_image_layer_keeps_no_list_of_its_entries(many_files: Path, tmp_path: Path, members_held: list[int]) -> None:
     entries = [("./", many_files), *((f"./{p.relative_to(many_files)}", p) for p in sorted(many_files.rglob("*")))]
-    write_layer(Layout(tmp_path / "layout"), many_files, entries, "/opt/vllm", 1, 1)
+    write_layer(Layout(tmp_path / "layout"), many_files, entries, "/opt/vllm", 1)
     assert len(members_held) > 300 and max(members_held) <= 2, "the prefix directories at most"
 
 
 def test_comparing_archives_keeps_no_list_of_their_members(
     many_files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = write_archive(many_files, tmp_path / "a", "x-x64", 1).parts
+    first = write_archive(many_files, tmp_path / "a", "x-x64").parts
     (many_files / "d6" / "f97.py").write_text("y = 97\n")  # the member that sorts last, its size kept
-    second = write_archive(many_files, tmp_path / "b", "x-x64", 1).parts
+    second = write_archive(many_files, tmp_path / "b", "x-x64").parts
     held: list[int] = []
     following = tarfile.TarFile.next
 

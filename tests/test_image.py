@@ -653,7 +653,7 @@ def test_layer_rules_split_the_tree_and_keep_links_within_a_layer(tmp_path: Path
     layout = Layout(tmp_path / "layout")
     written = {}
     for rule, entries in split_tree(root, rules):
-        path, *_ = write_layer(layout, root, entries, "/opt/vllm", 1_700_000_000, 6)
+        path, *_ = write_layer(layout, root, entries, "/opt/vllm", 6)
         with tarfile.open(path, "r:gz") as tar:
             written[rule.name] = {m.name: (m.type, m.linkname) for m in tar.getmembers()}
     assert written["rocm"]["opt/vllm/lib/sdk/big.so"] == (tarfile.LNKTYPE, "opt/vllm/lib/sdk/alias.so")

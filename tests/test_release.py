@@ -31,12 +31,12 @@ from tests.conftest import (
 )
 from tests.upstream.fixture import ROCM_VERSION, VLLM_BUILT_VERSION
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.install.parts_check import archive_digests
 from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.qualify.repro import first_difference
 from vllm_bundle.release.archive import CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MEMBER_SIZE, write_archive
 from vllm_bundle.release.assets import default_repo
 from vllm_bundle.util.parts import read_archive
+from vllm_bundle.util.tarstream import RELEASED_MTIME, stream_sha256
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
@@ -82,15 +82,16 @@ def test_parts_concatenate_to_one_gzip_tarball(assets: Path) -> None:
 
 def test_archive_members_are_normalised(assets: Path) -> None:
     release = json.loads((assets / "release.json").read_text())
-    with read_archive(parts_of(assets)) as (archive, _):
+    with read_archive(parts_of(assets)) as (archive, _, _):
         members = list(archive)
     for member in members:
         assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "", "")
-        assert member.mtime == release["source_date_epoch"]
+        assert member.mtime == RELEASED_MTIME, "one time whatever the source date (#54)"
         if member.isdir():
             assert member.mode == 0o755
         elif member.isreg():
             assert member.mode in (0o755, 0o644)
+    assert release["source_date_epoch"] != RELEASED_MTIME, "the release's date is its manifest's, not its files'"
     modes = {m.name: m.mode for m in members}
     assert modes["./bin/vllm-server"] == 0o755
     assert any(m.issym() for m in members), "symlinks are kept"
@@ -249,34 +250,42 @@ def test_sbom(assets: Path) -> None:
 
 
 def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
-    parts, size, digest, _ = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64", 1763596800)
+    parts, size, digest, _, _ = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64")
     assert [p.path.name for p in parts] == ["x-x64.part01-of-01.tar.gz"]
     assert size == parts[0].size and digest == parts[0].sha256
 
 
-def test_a_tree_archived_again_gives_its_parts_sha256(tmp_path: Path) -> None:
-    """What a delta install checks its assembled tree with (install/parts_check.py, #51 F7): the tree
-    archived again at the TOC's member ends gives the sha256 of each part write_archive wrote; a name left
-    out at the top is as if it were not there; a mode, a member end or a part size that differs, differs."""
+def test_a_trees_stream_sha256_is_the_tar_stream_its_parts_inflate_to(tmp_path: Path) -> None:
+    """What a delta install checks its assembled tree with (util/tarstream.py ``stream_sha256``, #51 F7,
+    #54): the tree's tar stream hashed gives release.json's ``archive.tar_sha256``, which is the sha256 of
+    what the parts inflate to (a full install checks that); a name left out at the top is as if it were not
+    there; a mode, a byte or a second name that differs, differs."""
     root = tmp_path / "root"
     (root / "lib" / "empty").mkdir(parents=True)
     (root / "lib" / "big.so").write_bytes(os.urandom(3 * MEMBER_SIZE))
     (root / "lib" / "small.py").write_text("x = 1\n")
     (root / "lib" / "second-name.py").hardlink_to(root / "lib" / "small.py")
     (root / "lib" / "link.so").symlink_to("big.so")
-    written = write_archive(root, tmp_path / "out", "x", 7, part_size=MEMBER_SIZE)
-    members = [inflated for _, _, inflated in json.loads(gzip.decompress(written.toc))["members"]]
-    sizes, expected = [part.size for part in written.parts], [part.sha256 for part in written.parts]
-    assert len(expected) > 2
-    assert archive_digests(root, 7, members, sizes, 6) == expected
+    written = write_archive(root, tmp_path / "out", "x", part_size=MEMBER_SIZE)
+    assert len(written.parts) > 2
+    inflated = gzip.decompress(b"".join(part.path.read_bytes() for part in written.parts))
+    assert written.tar_sha256 == hashlib.sha256(inflated).hexdigest()
+    assert stream_sha256(root) == written.tar_sha256
     (root / ".marker").write_text("the installer's own")
-    assert archive_digests(root, 7, members, sizes, 6, leave_out={".marker"}) == expected
-    assert archive_digests(root, 7, members, sizes, 6) != expected
-    assert archive_digests(root, 7, members, sizes[:-1], 6, leave_out={".marker"}) == expected, "the rest: one more"
-    assert archive_digests(root, 7, [members[0] - 1, *members[1:]], sizes, 6, leave_out={".marker"}) != expected
-    assert archive_digests(root, 8, members, sizes, 6, leave_out={".marker"}) != expected, "another source date"
+    assert stream_sha256(root, leave_out={".marker"}) == written.tar_sha256
+    assert stream_sha256(root) != written.tar_sha256
+    (root / ".marker").unlink()
     (root / "lib" / "small.py").chmod(0o755)
-    assert archive_digests(root, 7, members, sizes, 6, leave_out={".marker"}) != expected
+    assert stream_sha256(root) != written.tar_sha256, "another mode"
+    (root / "lib" / "small.py").chmod(0o644)
+    (root / "lib" / "second-name.py").unlink()
+    (root / "lib" / "second-name.py").write_text("x = 1\n")
+    assert stream_sha256(root) != written.tar_sha256, "a file of its own where the release has a second name"
+    (root / "lib" / "second-name.py").unlink()
+    (root / "lib" / "second-name.py").hardlink_to(root / "lib" / "small.py")
+    assert stream_sha256(root) == written.tar_sha256
+    (root / "lib" / "small.py").write_text("x = 2\n")
+    assert stream_sha256(root) != written.tar_sha256, "another byte"
 
 
 def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
@@ -285,7 +294,7 @@ def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
     script = (
         "import os, sys; from pathlib import Path; from vllm_bundle.release.archive import write_archive; "
         "os.cpu_count = lambda: len(os.sched_getaffinity(0)); "
-        f"print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', 1, part_size={PART_SIZE})[2])"
+        f"print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', part_size={PART_SIZE})[2])"
     )
     digests = []
     for name, cpus in (("all", os.sched_getaffinity(0)), ("one", {min(os.sched_getaffinity(0))})):
@@ -303,9 +312,9 @@ def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
 def test_a_difference_names_the_member_and_field(built: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"
     shutil.copytree(built / "gfx1151" / "root", root, symlinks=True)
-    a = write_archive(root, tmp_path / "a", "x", 1).parts
+    a = write_archive(root, tmp_path / "a", "x").parts
     (root / "bin" / "vllm-server").chmod(0o644)
-    b = write_archive(root, tmp_path / "b", "x", 1).parts
+    b = write_archive(root, tmp_path / "b", "x").parts
     assert first_difference([p.path for p in a], [p.path for p in b]) == "member ./bin/vllm-server: mode 0o755 != 0o644"
 
 

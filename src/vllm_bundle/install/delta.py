@@ -16,16 +16,22 @@ install keeps the table it was installed from (:data:`KEPT_TOC`). Over such an i
    the same checks of names, kinds and links) from the new table's entries, each file from its chunks; a
    file that needs a member still on its way waits for it (so the download and the writing overlap), and
    a chunk that does not match its sha256 (or whose file is no longer a regular file inside the install:
-   a FIFO, a link loop, a link out of it) is fetched from the release instead;
-4. the tree written is archived again and must give the parts' sha256 (:mod:`.parts_check`): the table is
-   a map of where to find bytes, never what decides what is installed.
+   a FIFO, a link loop, a link out of it) is fetched from the release instead. A file the previous install
+   has under the same name, with the same chunks, mode, time and owner and no name the old table does not
+   give it, is not written again: once every byte of it is hashed, the new tree gets a hard link to it
+   (:meth:`Previous.link`). Nothing of the previous install is changed by that (its bytes and metadata are
+   what both trees need), so an install given up, or a swap that fails, leaves it as it was;
+4. the tree written must give the tar stream release.json's ``archive.tar_sha256`` names: hashed again
+   from the files on disk, it is what the parts inflate to, which a full install checks too
+   (:func:`vllm_bundle.util.tarstream.stream_sha256`). The table is a map of where to find bytes, never
+   what decides what is installed.
 
 Where a delta cannot be done safely (no install of ours with a table, the server ignores Range or drips,
 more than half of the archive to fetch, fetched bytes that do not match, a table that does not add up or
 does not describe the parts) it raises :class:`DeltaUnavailable` and the caller installs the whole
 release instead. Ctrl-C ends the answers in flight at once.
 
-Every entry's modification time is the release's source date (release.json ``source_date_epoch``), and
+Every entry's modification time is the release's (:data:`~vllm_bundle.util.tarstream.RELEASED_MTIME`), and
 its mode the one the release's tar stream gives it (:func:`vllm_bundle.util.tarstream.released_mode`),
 whatever the table says.
 """
@@ -55,14 +61,13 @@ import requests
 import urllib3
 
 from vllm_bundle.errors import ArchiveError, InsecureURLError, UnsafeArchiveError
-from vllm_bundle.install.parts_check import archive_digests
 from vllm_bundle.runtime.smallfile import NotSmallFile, open_regular_file, read_small_bytes
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import Reporter, human_size, reported_step
-from vllm_bundle.util.tarstream import released_mode
+from vllm_bundle.util.tarstream import RELEASED_MTIME, released_mode, stream_sha256
 from vllm_bundle.util.transport import describe
 
 #: The table an install was made from, kept in it: what the next delta install reads.
@@ -314,15 +319,66 @@ def _exclusive(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
 
 
+def _layout(chunks: Iterable[Chunk]) -> tuple[tuple[int, int, str], ...]:
+    """A file's bytes as its chunks give them: (offset in the file, size, sha256) of each."""
+    return tuple((chunk.at, chunk.size, chunk.digest) for chunk in chunks)
+
+
 class Previous:
-    """The chunks of the previous install, by sha256: where in which of its files each one is."""
+    """The chunks of the previous install, by sha256: where in which of its files each one is; and each of
+    its regular files by name, with its chunks and how many names the old table gives its inode."""
 
     def __init__(self, root: Path, toc: Toc) -> None:
         self.root = root.resolve()
         self.where: dict[str, tuple[str, int, int]] = {}
         for entry, chunk in toc.chunks():
             self.where.setdefault(chunk.digest, (entry.name, chunk.at, chunk.size))
+        self.files = {entry.name: entry for entry in toc.entries if entry.kind == "reg"}
+        self.names = dict.fromkeys(self.files, 1)
+        for entry in toc.entries:
+            if entry.kind == "hardlink" and entry.link in self.names:
+                self.names[entry.link] += 1
         self._open: tuple[str, BinaryIO] | None = None
+
+    def link(self, entry: Entry, path: Path, mode: int) -> bool:
+        """``path`` made a hard link to the previous install's file of ``entry``'s name, where that file is
+        ``entry`` exactly: the same chunks in the old table, every byte hashed again now, and the mode
+        ``mode``, the release's time, this user's, with no name the old table does not give it (a link
+        from outside the install would change the new one). Nothing at ``path`` otherwise (False). The
+        old file is not changed: both trees need it as it is (its name count, ctime aside)."""
+        old = self.files.get(entry.name)
+        if old is None or _layout(old.chunks) != _layout(entry.chunks):
+            return False
+        try:
+            handle = self._handle(entry.name)
+            found = os.fstat(handle.fileno())
+            if (
+                found.st_size != entry.size
+                or stat.S_IMODE(found.st_mode) != mode
+                or found.st_mtime_ns != RELEASED_MTIME * 1_000_000_000
+                or found.st_uid != os.geteuid()
+                or found.st_nlink != self.names[entry.name]
+                or not self._hashes_to(handle, entry.chunks)
+            ):
+                return False
+            os.link(self.root / entry.name, path, follow_symlinks=False)
+        except OSError:  # gone, not a file inside the install, a file system without hard links
+            return False
+        linked = path.lstat()
+        if (linked.st_dev, linked.st_ino) != (found.st_dev, found.st_ino):  # the name was changed meanwhile
+            path.unlink()
+            return False
+        return True
+
+    @staticmethod
+    def _hashes_to(handle: BinaryIO, chunks: Sequence[Chunk]) -> bool:
+        """``handle``'s bytes are ``chunks``, in order, and nothing after them."""
+        handle.seek(0)
+        for chunk in chunks:
+            data = handle.read(chunk.size)
+            if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != chunk.digest:
+                return False
+        return not handle.read(1)
 
     def read(self, digest: str) -> bytes | None:
         """The chunk, read from the old install and hashed again; None where it is not there as it was
@@ -371,12 +427,13 @@ class Part(NamedTuple):
 @dataclass
 class Moved:
     """What a delta moved: bytes fetched (compressed, on the wire), requests, members; bytes re-used
-    (inflated, read from the previous install)."""
+    (inflated, read from the previous install or linked to it), and files linked."""
 
     fetched: int = 0
     requests: int = 0
     members: int = 0
     reused: int = 0
+    linked: int = 0
 
 
 def _spans(parts: Sequence[Part], start: int, end: int) -> Iterator[tuple[Part, int, int]]:
@@ -592,11 +649,18 @@ class _Body:
 
 
 class _FileData(io.RawIOBase):
-    """A file of the new tree, read a chunk at a time from wherever :class:`Sources` finds each."""
+    """A file of the new tree, read a chunk at a time from wherever :class:`Sources` finds each, or
+    linked to the previous install's (:meth:`link_into`)."""
 
-    def __init__(self, sources: Sources, chunks: tuple[Chunk, ...]) -> None:
+    def __init__(self, sources: Sources, entry: Entry | None) -> None:
         super().__init__()
-        self.sources, self.chunks, self.next = sources, chunks, 0
+        self.sources, self.entry, self.next = sources, entry, 0
+        self.chunks = () if entry is None else entry.chunks
+
+    def link_into(self, path: Path, member: tarfile.TarInfo) -> bool:
+        """``path`` a hard link to the previous install's file where that is this one exactly
+        (:meth:`Previous.link`); else nothing there, and the file is read."""
+        return self.entry is not None and self.sources.link(self.entry, path, member.mode)
 
     def readable(self) -> bool:
         return True
@@ -629,6 +693,15 @@ class Sources:
         self.store, self.previous, self.fetcher, self.fetching = store, previous, fetcher, fetching
         self.reporter, self.progress, self.room = reporter, progress, room
         self.reused = 0
+        self.linked = 0  # files
+
+    def link(self, entry: Entry, path: Path, mode: int) -> bool:
+        if not self.previous.link(entry, path, mode):
+            return False
+        self.reused += entry.size
+        self.linked += 1
+        self.progress(entry.size)
+        return True
 
     def chunk(self, chunk: Chunk) -> bytes:
         data = self.store.get(chunk.digest, chunk.size)
@@ -659,9 +732,9 @@ class TocArchive:
     """The table's entries as the tar entries :func:`safe_extract` reads (the same checks as a full
     install), each file's bytes from :class:`Sources`."""
 
-    def __init__(self, toc: Toc, sources: Sources, mtime: int) -> None:
-        self.toc, self.sources, self.mtime = toc, sources, mtime
-        self._chunks: dict[str, tuple[Chunk, ...]] = {}
+    def __init__(self, toc: Toc, sources: Sources) -> None:
+        self.toc, self.sources = toc, sources
+        self._files: dict[str, Entry] = {}
 
     def __iter__(self) -> Iterator[tarfile.TarInfo]:
         kinds = {
@@ -675,13 +748,13 @@ class TocArchive:
                 continue  # the staging directory itself: 0755 once checked, as a full install leaves it
             info = tarfile.TarInfo(entry.name)
             # The mode the release's tar stream gives such an entry, whatever the table says (#51 F7)
-            info.type, info.mode, info.mtime = kinds[entry.kind], released_mode(entry.kind, entry.mode), self.mtime
+            info.type, info.mode, info.mtime = kinds[entry.kind], released_mode(entry.kind, entry.mode), RELEASED_MTIME
             info.size, info.linkname = entry.size, entry.link
-            self._chunks[entry.name] = entry.chunks
+            self._files[entry.name] = entry
             yield info
 
     def extractfile(self, member: tarfile.TarInfo) -> _FileData:
-        return _FileData(self.sources, self._chunks.pop(member.name, ()))
+        return _FileData(self.sources, self._files.pop(member.name, None))
 
 
 @dataclass(frozen=True)
@@ -725,16 +798,15 @@ def previous_toc(dest: Path) -> Toc:
 
 @dataclass(frozen=True)
 class Delta:
-    """A delta install's inputs: the new table (checked), the parts, the source date, where the previous
-    install and the chunk cache are."""
+    """A delta install's inputs: the new table (checked), the parts, the sha256 of their tar stream,
+    where the previous install and the chunk cache are."""
 
     toc: Toc
     parts: Sequence[Part]
     session: requests.Session | None  # None: the parts are files of a release directory
-    mtime: int
+    tar_sha256: str  # release.json's archive.tar_sha256: what the tree written must hash to
     previous: Path
     store: ChunkStore
-    level: int  # the gzip level the release's members were compressed at
     installers_own: Collection[str] = ()  # top-level names in the staging directory that are not the release's
     policy: RetryPolicy = field(default_factory=RetryPolicy)  # the session's: tries, read timeout
 
@@ -762,32 +834,26 @@ def install_delta(delta: Delta, staging: Path, reporter: Reporter, say: Callable
         previous.close()
     check_assembled(delta, staging, reporter)
     staging.chmod(released_mode("dir", 0))
-    fetcher.moved.reused = sources.reused
+    fetcher.moved.reused, fetcher.moved.linked = sources.reused, sources.linked
     return fetcher.moved
 
 
 def check_assembled(delta: Delta, staging: Path, reporter: Reporter) -> None:
-    """The tree in ``staging`` archives to the release's parts (:mod:`.parts_check`), else
-    DeltaUnavailable: the table of contents did not describe them."""
+    """The tree in ``staging``, read back from disk, gives the tar stream the release's parts inflate to
+    (release.json ``archive.tar_sha256``, which a full install checks too), else DeltaUnavailable: the
+    table of contents did not describe them. Hashing, not compressing: the check no longer needs the
+    release's compressor, and costs a read of the tree."""
     total = sum(entry.size for entry in delta.toc.entries if entry.kind == "reg")
     try:
-        with reported_step(reporter, "check against the parts", total) as checked:
-            digests = archive_digests(
-                staging,
-                delta.mtime,
-                [inflated for _, _, inflated in delta.toc.members],
-                [part.size for part in delta.parts],
-                delta.level,
-                leave_out=delta.installers_own,
-                progress=checked,
-            )
+        with reported_step(reporter, "check against the release", total) as checked:
+            digest = stream_sha256(staging, leave_out=delta.installers_own, progress=checked)
     except ArchiveError as err:  # a link leaving the tree, a FIFO: never what safe extraction writes
         raise DeltaUnavailable(
             f"the tree assembled from the table of contents is not a release's: {err.message}"
         ) from None
-    if digests != [part.sha256 for part in delta.parts]:
+    if digest != delta.tar_sha256:
         raise DeltaUnavailable(
-            "the tree assembled from the table of contents does not archive to the release's parts "
+            "the tree assembled from the table of contents is not the tar stream of the release's parts "
             "(the table does not describe them)"
         )
 
@@ -816,7 +882,7 @@ def _assemble_while_fetching(
             room = int(MOST_TO_FETCH * sum(part.size for part in delta.parts)) - chosen.fetch_bytes
             sources = Sources(delta.store, previous, fetcher, fetching, reporter, assembled, room)
             try:
-                safe_extract(TocArchive(delta.toc, sources, delta.mtime), staging, source)
+                safe_extract(TocArchive(delta.toc, sources), staging, source)
             except UnsafeArchiveError as failure:
                 raise DeltaUnavailable(failure.message) from None
             fetching.result()

@@ -61,7 +61,6 @@ from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
-from vllm_bundle.util.gzip_members import compressor
 from vllm_bundle.util.parts import extract_parts
 from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import human_size
@@ -80,7 +79,6 @@ SCRATCH_SUFFIX = "-[a-z0-9_]{8}"
 #: Seconds to wait for the destination's lock before saying that another install holds it.
 LOCK_NOTICE_AFTER = 1.0
 BAD_RELEASE_HINT = "the release is damaged or was tampered with: do not install it"
-MOST_GZIP_LEVEL = 12  # libdeflate's highest
 
 
 @dataclass(frozen=True)
@@ -94,10 +92,8 @@ class Release:
     sizes: dict[str, int]  # part name -> size, when the manifest gives them
     archive_sha256: str | None = None  # of the parts concatenated, when release.json gives it
     toc: Artifact | None = None  # the archive's table of contents, when release.json names it
-    source_date: int | None = None  # every entry's modification time, when release.json gives it
     glibc: str | None = None  # the oldest glibc the bundle runs on (its measured floor), when the manifest says
-    level: int | None = None  # the gzip level of the archive's members, when release.json gives it
-    compressor: dict[str, Any] | None = None  # release.json's archive.archiver: what compressed them
+    tar_sha256: str | None = None  # of the tar stream the parts inflate to, when release.json gives it
 
     @property
     def assets(self) -> ReleaseAssets:
@@ -166,14 +162,6 @@ def _size(value: object, where: str) -> int:
     return value
 
 
-def _gzip_level(value: object, where: str) -> int:
-    """A gzip level libdeflate has (0-12): what a delta compresses its tree at to check it."""
-    level = _size(value, where)
-    if level > MOST_GZIP_LEVEL:
-        raise ManifestError(f"{where} is {level}, not a gzip level (0-{MOST_GZIP_LEVEL})", BAD_RELEASE_HINT)
-    return level
-
-
 def plain_name(value: object, where: str) -> str:
     """``value`` if it is one plain name (a tag: letters, digits, ``.``, ``_``, ``+``, ``-``; no ``/``, no
     ``..``, no NUL); ``where`` names the file and field it came from."""
@@ -218,19 +206,14 @@ def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[st
         name = _string(_field(part, "name", field), f"{field}.name")
         checksums[name] = sha256_hex(_field(part, "sha256", field), f"{field}.sha256")
         sizes[name] = _size(_field(part, "size", field), f"{field}.size")
-    whole = archive.get("sha256")
+    whole, stream = archive.get("sha256"), archive.get("tar_sha256")
     archive_sha256 = None if whole is None else sha256_hex(whole, f"{where} archive.sha256")
-    release = Release(tag, target, location, checksums, sizes, archive_sha256)
+    tar_sha256 = None if stream is None else sha256_hex(stream, f"{where} archive.tar_sha256")
+    release = Release(tag, target, location, checksums, sizes, archive_sha256, tar_sha256=tar_sha256)
     toc = None if "toc" not in archive else _toc_asset(release, _object(archive["toc"], f"{where} archive.toc"), where)
-    date = doc.get("source_date_epoch")
-    source_date = None if date is None else _size(date, f"{where} source_date_epoch")
     floor = _object(doc.get("floor", {}), f"{where} floor")
     glibc = None if floor.get("glibc") is None else glibc_version(floor["glibc"], f"{where} floor.glibc")
-    level = None if archive.get("level") is None else _gzip_level(archive["level"], f"{where} archive.level")
-    compressor = None if "archiver" not in archive else _object(archive["archiver"], f"{where} archive.archiver")
-    return dataclasses.replace(
-        release, toc=toc, source_date=source_date, glibc=glibc, level=level, compressor=compressor
-    )
+    return dataclasses.replace(release, toc=toc, glibc=glibc)
 
 
 def glibc_version(value: object, where: str) -> str:
@@ -511,8 +494,9 @@ def _install_locked(
         else:
             total = sum(release.sizes.values())
             say(
-                f"delta from {previous_tag or 'the previous install'}: re-used "
-                f"{human_size(moved.reused)}, fetched {human_size(moved.fetched)} in {moved.requests} requests "
+                f"delta from {previous_tag or 'the previous install'}: re-used {human_size(moved.reused)} "
+                f"({moved.linked} files kept as they were), fetched {human_size(moved.fetched)} "
+                f"in {moved.requests} requests "
                 f"({moved.fetched / max(total, 1):.1%} of the {human_size(total)} release)"
             )
             return True
@@ -520,7 +504,9 @@ def _install_locked(
     fetched = fetcher.fetch_all(artifacts)
     with _staging(dest) as staging:
         parts = [fetched[a.sha256] for a in artifacts]
-        extract_parts(parts, staging, release.tag, release.archive_sha256, fetcher.reporter)  # the download's display
+        extract_parts(  # the download's display
+            parts, staging, release.tag, release.archive_sha256, fetcher.reporter, tar_sha256=release.tar_sha256
+        )
         _put_in_place(staging, dest, release, toc)
     return True
 
@@ -549,9 +535,10 @@ def _install_delta(
 ) -> tuple[Delta, Moved]:
     """The new tree in ``staging``, from ``dest``'s chunks and the members of the new archive it lacks."""
     names = release.assets.parts(len(release.checksums))
-    if any(name not in release.sizes for name in names) or release.source_date is None or release.level is None:
-        raise DeltaUnavailable("release.json does not give every part's size, the source date and the gzip level")
-    _check_compressor(release.compressor)
+    if any(name not in release.sizes for name in names) or release.tar_sha256 is None:
+        raise DeltaUnavailable(
+            "release.json does not give every part's size and archive.tar_sha256 (a release made before #54)"
+        )
     parts = [
         Part(
             _asset_url(release, name) if release.is_url() else str(Path(release.location) / name),
@@ -564,26 +551,13 @@ def _install_delta(
         parse_toc(toc, sum(release.sizes.values())),
         parts,
         fetcher.session if release.is_url() else None,
-        release.source_date,
+        release.tar_sha256,
         dest,
         store,
-        release.level,
         installers_own=(STAGING_MARKER,),
         policy=fetcher.policy,
     )
     return delta, install_delta(delta, staging, fetcher.reporter, say, f"the {release.tag} release")
-
-
-def _check_compressor(theirs: dict[str, Any] | None) -> None:
-    """A delta is checked by compressing the tree it assembled again (install/parts_check.py): only with
-    the libdeflate the release's members were compressed with does that give the parts' bytes."""
-    mine = compressor()
-    if theirs is None or any(theirs.get(key) != value for key, value in mine.items()):
-        said = "unknown" if theirs is None else f"{theirs.get('library')} {theirs.get('deflate')}"
-        raise DeltaUnavailable(
-            f"the release's archive was compressed by {str(said)[:60]}, this installer has "
-            f"{mine['library']} {mine['deflate']}: what a delta assembles could not be checked against the parts"
-        )
 
 
 def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None) -> None:

@@ -6,10 +6,11 @@ kaniko, ko) are Go programs outside the registries this project installs from, a
 out as one layer per build step, not as layers split by path with our archive's normalisation; the
 Python OCI library (oras) pushes artifacts but does not build images.
 
-Determinism: every layer is written by the archive module's entry functions (sorted names, clamped
+Determinism: every layer is written by the archive module's entry functions (sorted names, one fixed
 mtime, uid/gid 0, modes from the owner's exec bit) and its fixed-worker zlib-ng gzip; JSON documents
-are canonical (sorted keys, no spaces); times are the source date. Same tree, base and labels: the
-same bytes, so the same manifest digest, on any machine.
+are canonical (sorted keys, no spaces); the config's times are the source date. A layer whose files did
+not change is the same blob in the next release, whatever its date (tarstream.RELEASED_MTIME). Same
+tree, base and labels: the same bytes, so the same manifest digest, on any machine.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from vllm_bundle.errors import ImageError
 from vllm_bundle.release.archive import add_entry, interrupt_between_reads
 from vllm_bundle.util.fsutil import link_or_copy
 from vllm_bundle.util.gzip_members import COMPRESSION_WORKERS
-from vllm_bundle.util.tarstream import StreamTar, tar_entry, tree_entries
+from vllm_bundle.util.tarstream import RELEASED_MTIME, StreamTar, tar_entry, tree_entries
 
 INDEX = "application/vnd.oci.image.index.v1+json"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -203,13 +204,13 @@ def split_tree(root: Path, rules: Sequence[LayerRule]) -> list[tuple[LayerRule, 
     ]
 
 
-def _prefix_dirs(prefix: str, source_date: int) -> list[tarfile.TarInfo]:
+def _prefix_dirs(prefix: str) -> list[tarfile.TarInfo]:
     """Directory entries for ``opt``, ``opt/vllm``... above the bundle root (the root is the last)."""
     parts = prefix.strip("/").split("/")
     infos = []
     for depth in range(1, len(parts)):
         info = tarfile.TarInfo("/".join(parts[:depth]))
-        info.type, info.mode, info.mtime, info.uname, info.gname = tarfile.DIRTYPE, 0o755, source_date, "", ""
+        info.type, info.mode, info.mtime, info.uname, info.gname = tarfile.DIRTYPE, 0o755, RELEASED_MTIME, "", ""
         infos.append(info)
     return infos
 
@@ -221,7 +222,7 @@ def _in_image(name: str, prefix: str) -> str:
 
 
 def write_layer(
-    layout: Layout, root: Path, entries: Iterable[tuple[str, Path]], prefix: str, source_date: int, level: int
+    layout: Layout, root: Path, entries: Iterable[tuple[str, Path]], prefix: str, level: int
 ) -> tuple[Path, int, str, str]:
     """One layer blob (tar+gzip) in the layout's blob directory; returns (path, size, digest, diff_id).
 
@@ -238,12 +239,12 @@ def write_layer(
             with gzip_ng_threaded.open(compressed, "wb", compresslevel=level, threads=COMPRESSION_WORKERS) as gz:  # type: ignore[no-untyped-call]
                 plain = _Digesting(gz)
                 with StreamTar.open(fileobj=plain, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-                    for info in _prefix_dirs(prefix, source_date):
+                    for info in _prefix_dirs(prefix):
                         tar.addfile(info)
                     for name, path in entries:
                         if interrupted.is_set():
                             raise KeyboardInterrupt
-                        info = tar_entry(name, path, root, source_date, seen)
+                        info = tar_entry(name, path, root, seen)
                         info.name = _in_image(info.name, prefix)
                         if info.islnk():
                             info.linkname = _in_image(info.linkname, prefix)
@@ -317,7 +318,7 @@ def write_image(
         layers.append(Descriptor(media_type, descriptor.digest, descriptor.size))
     diff_ids, names = [], []
     for rule, entries in split_tree(tree, rules):
-        _, size, digest, diff_id = write_layer(layout, tree, entries, spec.prefix, spec.source_date, level)
+        _, size, digest, diff_id = write_layer(layout, tree, entries, spec.prefix, level)
         layers.append(Descriptor(LAYER_GZIP, digest, size, {LAYER_NAME: rule.name}))
         diff_ids.append(diff_id)
         names.append(rule.name)

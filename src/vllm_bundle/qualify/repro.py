@@ -30,7 +30,7 @@ MEMBER_FIELDS = ("name", "type", "mode", "uid", "gid", "uname", "gname", "mtime"
 
 def _members(parts: Sequence[Path]) -> Iterator[tuple[tarfile.TarInfo, str]]:
     """The members of an archive given as its parts, with a hash of each member's content."""
-    with read_archive(parts) as (archive, _):
+    with read_archive(parts) as (archive, _, _):
         for member in archive:
             handle = archive.extractfile(member) if member.isreg() else None
             digest = (

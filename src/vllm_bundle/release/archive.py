@@ -4,8 +4,9 @@ alone shows too small is refused before any part is written, any other before pa
 the parts written so far are removed. Beside it, a table of contents (TOC) that says where each file's
 chunks are, so an update can fetch only the chunks it does not have (#34).
 
-Determinism: the tar stream of :mod:`vllm_bundle.util.tarstream` (sorted entries, the source date, modes
-from the exec bit, hard links by inode, PAX headers).
+Determinism: the tar stream of :mod:`vllm_bundle.util.tarstream` (sorted entries, one fixed mtime, modes
+from the exec bit, hard links by inode, PAX headers). Its sha256 before compression (``tar_sha256``) is
+what an update checks the tree it assembled against (install/delta.py).
 
 Chunked gzip: the tar stream is written as a series of independent gzip members (RFC 1952 2.2: gzip and
 GNU tar read them as one stream). Each regular file's data is cut into content-defined chunks (FastCDC,
@@ -252,6 +253,7 @@ class ChunkedTar:
         self._pending = bytearray()  # the member being filled
         self._chunks: list[tuple[int, int]] = []  # its chunks: inner offset, size
         self._offset = 0  # bytes of the tar stream so far
+        self.stream = hashlib.sha256()  # of the tar stream so far
         #: per entry: name, type, mode, size (reg) or link target (links), its first chunk, its chunk count
         self._entries: list[tuple[str, str, int, int | str | None, int, int]] = []
         #: per chunk, in the order of the archive: member, inner offset, offset in the file, size
@@ -264,6 +266,7 @@ class ChunkedTar:
 
     def _append(self, data: bytes) -> None:
         self._pending += data
+        self.stream.update(data)
         self._offset += len(data)
 
     def add(self, info: tarfile.TarInfo, path: Path, interrupted: threading.Event) -> None:
@@ -348,19 +351,19 @@ class Archive(NamedTuple):
     size: int  # of the whole archive
     sha256: str  # of the whole archive
     toc: bytes  # ChunkedTar.toc's bytes
+    tar_sha256: str  # of the tar stream the archive inflates to (util/tarstream.py stream_sha256)
 
 
 def write_archive(
     root: Path,
     out_dir: Path,
     stem: str,
-    source_date: int,
     *,
     part_size: int = DEFAULT_PART_SIZE,
     level: int = DEFAULT_LEVEL,
 ) -> Archive:
     """Archive ``root`` into parts in ``out_dir``; returns the parts, the whole archive's size and sha256,
-    and its TOC."""
+    its TOC and its tar stream's sha256."""
     if out_dir.resolve().is_relative_to(root.resolve()):
         raise ArchiveError(
             f"the archive's folder {out_dir} is inside the tree it archives, {root} (it would hold its own parts, "
@@ -384,7 +387,7 @@ def write_archive(
             for name, path in tree_entries(root):
                 if interrupted.is_set():
                     raise KeyboardInterrupt
-                tar.add(tar_entry(name, path, root, source_date, seen), path, interrupted)
+                tar.add(tar_entry(name, path, root, seen), path, interrupted)
             tar.close()
             members.finish()
         parts = writer.finish()
@@ -392,4 +395,4 @@ def write_archive(
         members.abandon()
         writer.discard()
         raise
-    return Archive(parts, writer.total, writer.whole.hexdigest(), tar.toc())
+    return Archive(parts, writer.total, writer.whole.hexdigest(), tar.toc(), tar.stream.hexdigest())

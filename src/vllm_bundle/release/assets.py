@@ -42,7 +42,9 @@ from vllm_bundle.release.archive import archiver, write_archive
 from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
-STAGE_VERSION = 7  # 7: the floor; 6: the archive in chunked gzip members, with its TOC; 5: CycloneDX 1.6
+#: 8: one mtime for every entry, archive.tar_sha256; 7: the floor; 6: the archive in chunked gzip members,
+#: with its TOC; 5: CycloneDX 1.6
+STAGE_VERSION = 8
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 SOURCE_DATE_ENV = "SOURCE_DATE_EPOCH"
 #: 9999-12-31T23:59:59Z: the latest second the outputs carry (the SBOM's and the image's timestamps are
@@ -145,8 +147,8 @@ def release_stage(
     glibc = (floor or {}).get("glibc")
 
     def build(tmp: Path) -> Mapping[str, Any]:
-        parts, size, digest, toc = write_archive(
-            root.path, tmp, assets.stem, date, part_size=options.part_size, level=options.level
+        parts, size, digest, toc, tar_sha256 = write_archive(
+            root.path, tmp, assets.stem, part_size=options.part_size, level=options.level
         )
         (tmp / assets.partcount).write_text(f"{len(parts):02d}")
         (tmp / assets.toc).write_bytes(toc)
@@ -170,6 +172,7 @@ def release_stage(
             "archive": {
                 "size": size,
                 "sha256": digest,
+                "tar_sha256": tar_sha256,
                 "format": "tar+gzip",
                 "level": options.level,
                 "archiver": archiver(),

@@ -28,7 +28,7 @@ import stat
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from vllm_bundle.errors import UnsafeArchiveError
 from vllm_bundle.util.fsutil import raising_disk_full
@@ -53,6 +53,15 @@ class FileData(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, kind: Any, value: Any, traceback: Any, /) -> Any: ...
+
+
+@runtime_checkable
+class Linkable(Protocol):
+    """A file's bytes that may already be on disk as the entry needs them (a delta install's file that
+    did not change since the previous install, install/delta.py): ``link_into`` makes ``path`` a hard link
+    to it and says True, or leaves nothing at ``path`` and says False (the bytes are then read)."""
+
+    def link_into(self, path: Path, member: tarfile.TarInfo) -> bool: ...
 
 
 class EntryRefused(Exception):
@@ -185,6 +194,9 @@ class _Extraction:
         path.parent.mkdir(parents=True, exist_ok=True)
         source = archive.extractfile(member)
         assert source is not None
+        if isinstance(source, Linkable) and source.link_into(path, member):
+            with source:  # its bytes, mode and time are the entry's, checked; never chmod-ed: another tree's too
+                return
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         with source, os.fdopen(os.open(path, flags, 0o600), "wb") as out:
             while chunk := source.read(CHUNK):

@@ -56,6 +56,23 @@ class _Concatenated(io.RawIOBase):
         super().close()
 
 
+class _Inflated(io.RawIOBase):
+    """The archive's tar stream as the gzip reader inflates it, hashed as tarfile reads it: its sha256 is
+    release.json's ``archive.tar_sha256`` once it is read to its end."""
+
+    def __init__(self, gz: gzip.GzipFile) -> None:
+        super().__init__()
+        self._gz, self.digest = gz, hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        data = self._gz.read(size)
+        self.digest.update(data)
+        return data
+
+
 class _Streamed(StreamTar):
     """The release's tar stream, keeping no list of its entries (:class:`StreamTar`), noting the mode of
     the archive's top directory (``./``) as it passes, as extraction sets every directory's (owner rwx
@@ -78,19 +95,20 @@ def _is_top(member: tarfile.TarInfo) -> bool:
 @contextmanager
 def read_archive(
     parts: Sequence[Path], progress: Callable[[int], None] = lambda count: None
-) -> Iterator[tuple[_Streamed, _Concatenated]]:
+) -> Iterator[tuple[_Streamed, _Concatenated, _Inflated]]:
     """The tar stream of the archive the parts make up, read once front to back, and the parts' reader
     (``progress`` is told the size of each read). Every gzip member is read, one after the other (RFC 1952
     2.2), as GNU tar reads them: tarfile's own ``r|gz`` stops at the end of the first member, and where
     that member ends at an entry's end it takes the rest for the end of the archive, with nothing said.
     On leaving, what the tar reader left unread (end blocks, later members) is read and checked too, and
-    the reader's ``digest`` is then the whole archive's sha256. A damaged archive raises one of
-    :data:`DAMAGED`."""
+    the reader's ``digest`` is then the whole archive's sha256, and the inflated stream's ``digest`` its tar
+    stream's. A damaged archive raises one of :data:`DAMAGED`."""
     raw = _Concatenated(parts, progress)
-    with io.BufferedReader(raw, buffer_size=1 << 20) as stream, gzip.GzipFile(fileobj=stream) as tar:
-        with _Streamed.open(fileobj=tar, mode="r|") as archive:
-            yield archive, raw
-        while tar.read(1 << 20):
+    with io.BufferedReader(raw, buffer_size=1 << 20) as stream, gzip.GzipFile(fileobj=stream) as gz:
+        inflated = _Inflated(gz)
+        with _Streamed.open(fileobj=inflated, mode="r|") as archive:
+            yield archive, raw, inflated
+        while inflated.read(1 << 20):
             pass
 
 
@@ -100,16 +118,19 @@ def extract_parts(
     tag: str,
     archive_sha256: str | None = None,
     reporter: Reporter | None = None,
+    tar_sha256: str | None = None,
 ) -> None:
     """Extract the archive the parts make up into ``dest`` (see :mod:`vllm_bundle.util.extract`), give ``dest``
     the mode of the archive's top directory (other users run the install; 0755 when it has no such entry),
-    and check the whole archive's sha256 against release.json's when it gives one. ``reporter`` shows the
+    and check the whole archive's sha256 and its tar stream's against release.json's where it gives them
+    (a release.json whose ``tar_sha256`` is not its parts' fails every full install, as an update over
+    it would). ``reporter`` shows the
     progress as ``extract <tag>``, in compressed bytes read of the parts' total size. Memory stays flat in
     the number of entries (:class:`_Streamed`)."""
     total = sum(part.stat().st_size for part in parts)
     with reported_step(reporter, f"extract {tag}", total) as progress:
         try:
-            with read_archive(parts, progress) as (archive, raw):
+            with read_archive(parts, progress) as (archive, raw, inflated):
                 safe_extract(archive, dest, f"the {tag} release")
                 dest.chmod(0o755 if archive.top_mode is None else archive.top_mode)
         except DAMAGED as err:
@@ -118,4 +139,10 @@ def extract_parts(
             raise InstallError(
                 f"the {tag} release's parts put together do not match release.json's archive sha256",
                 "the release is mixed up: install again, or re-publish it",
+            )
+        if tar_sha256 is not None and inflated.digest.hexdigest() != tar_sha256:
+            raise InstallError(
+                f"the {tag} release's parts inflate to a tar stream that does not match release.json's "
+                "archive.tar_sha256",
+                "the release is mixed up: re-publish it",
             )

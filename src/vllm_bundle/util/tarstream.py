@@ -3,7 +3,8 @@ entry (what the release archive and an image layer hold, and what a delta instal
 assembled against). Standard library only: ``install`` imports it, and the installer's environment has
 none of the build's dependencies.
 
-Determinism: entries ``./...`` in sorted order; mtime the source date; uid/gid 0 with empty owner names;
+Determinism: entries ``./...`` in sorted order; every mtime :data:`RELEASED_MTIME`, whatever the release's
+source date; uid/gid 0 with empty owner names;
 modes 0755/0644 from the owner's exec bit (directories 0755); symlinks kept (they must stay inside the
 tree); a second name of an inode is recorded as a hard link to the first name in sorted order; PAX
 headers as tarfile writes them.
@@ -11,10 +12,11 @@ headers as tarfile writes them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import tarfile
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,14 @@ class StreamTar(tarfile.TarFile):
         super().addfile(tarinfo, fileobj)
         self.members.clear()
 
+
+#: Every entry's modification time in a release (its archive, its image's layer, and so every install):
+#: 1980-01-01 00:00:00 UTC, the earliest time a zip (a wheel) can hold, so a file's time is the same
+#: whichever archive carries it. Not the release's source date (release.json keeps that, and the SBOM and
+#: the image's ``created``): an unchanged file then has the same tar header in two releases, so an update
+#: can keep the previous install's file as it is, a hard link, and a release that changes only its date
+#: has the tar stream of the one before it (#54). The bundle ships no byte code whose check reads it.
+RELEASED_MTIME = 315532800
 
 #: tarfile's writing of names that are not valid UTF-8 (its defaults on Linux)
 TAR_ENCODING, TAR_ERRORS = "utf-8", "surrogateescape"
@@ -71,12 +81,12 @@ def released_mode(kind: str, mode: int) -> int:
     return 0o755 if mode & 0o100 else 0o644
 
 
-def tar_entry(name: str, path: Path, root: Path, source_date: int, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+def tar_entry(name: str, path: Path, root: Path, seen: dict[tuple[int, int], str]) -> tarfile.TarInfo:
     """The tar header of ``path`` (archive name ``name``) as a release holds it; ``seen`` maps each inode
     met so far to its first name (a later name becomes a hard link to it)."""
     found = path.lstat()
     info = tarfile.TarInfo(name.rstrip("/") if name != "./" else ".")
-    info.mtime, info.uid, info.gid, info.uname, info.gname = source_date, 0, 0, "", ""
+    info.mtime, info.uid, info.gid, info.uname, info.gname = RELEASED_MTIME, 0, 0, "", ""
     if path.is_symlink():
         target = str(path.readlink())
         inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
@@ -118,3 +128,45 @@ def end_of_archive(offset: int) -> bytes:
     tarfile writes them."""
     end = 2 * tarfile.BLOCKSIZE
     return tarfile.NUL * (end + (-(offset + end) % tarfile.RECORDSIZE))
+
+
+#: How much of a file :func:`stream_sha256` reads at a time.
+WINDOW = 1 << 20
+
+
+def stream_sha256(
+    root: Path, leave_out: Collection[str] = (), progress: Callable[[int], None] = lambda size: None
+) -> str:
+    """The sha256 of the tar stream of ``root`` (but the top-level names in ``leave_out``) as a release's
+    archive holds it before it is compressed: what release.json's ``archive.tar_sha256`` gives, and what a
+    full install's parts inflate to. ``progress`` is told each regular file's bytes as read. Raises
+    ArchiveError for what a release cannot hold (a link leaving the tree, a FIFO) and for a file whose
+    size changes while it is read."""
+    digest, offset = hashlib.sha256(), 0
+    seen: dict[tuple[int, int], str] = {}
+    for name, path in tree_entries(root, leave_out):
+        info = tar_entry(name, path, root, seen)
+        block = header(info)
+        digest.update(block)
+        offset += len(block)
+        if info.isreg():
+            _hash_file(path, info.size, digest, progress)
+            block = padding(info.size)
+            digest.update(block)
+            offset += info.size + len(block)
+    digest.update(end_of_archive(offset))
+    return digest.hexdigest()
+
+
+def _hash_file(path: Path, size: int, digest: hashlib._Hash, progress: Callable[[int], None]) -> None:
+    left = size
+    with path.open("rb", buffering=0) as handle:
+        while left:
+            data = handle.read(min(left, WINDOW))
+            if not data:
+                break
+            digest.update(data)
+            left -= len(data)
+            progress(len(data))
+        if left or handle.read(1):
+            raise ArchiveError(f"{path} changed while it was read", "do not change the tree while it is checked")
