@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -128,10 +129,11 @@ class DeltaBench:
         runs = []
         for kind, extra in (("delta", ()), ("full", ("--no-delta",))):
             dest = self.work / name / kind / "vllm"
-            shutil.copytree(base, dest, symlinks=True)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["cp", "-a", str(base), str(dest)], check=True)  # modes, times, hard links: as installed
             moved = self._install(new, dest, f"{name}-{kind}", *extra)
             said = (self.work / "logs" / f"{name}-{kind}").with_suffix(".out").read_text(errors="replace")
-            if moved.outcome.ok and kind == "delta" and "delta from" not in said:
+            if moved.outcome.ok and kind == "delta" and "delta from" not in said and "is the tree of" not in said:
                 moved = Moved(Outcome(moved.outcome.seconds, None, "installed, but not as a delta"), 0, 0)
             runs.append(moved)
             shutil.rmtree(dest.parent)

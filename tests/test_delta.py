@@ -28,6 +28,7 @@ from tests.test_install import HOST, TAG, install
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.install.delta import KEPT_TOC
+from vllm_bundle.install.installer import INSTALLERS_OWN
 from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets
 from vllm_bundle.util.cache import Cache
 
@@ -78,16 +79,17 @@ def previous(releases: Releases, tmp_path: Path) -> Path:
     return Path(shutil.copytree(releases.installed_old, tmp_path / "vllm", symlinks=True))
 
 
-#: What the installer writes beside the release's files, at the time it installs.
-INSTALLERS_OWN = frozenset({"version.txt", ".vllm-bundle-install", ".vllm-bundle-glibc", KEPT_TOC})
-
-
 def tree_with_times(root: Path) -> dict[str, tuple[str, int]]:
     """Every entry with its contents and mode (tree_digest) and the release's files' modification times."""
     return {
         name: (digest, 0 if digest.startswith("->") or name in INSTALLERS_OWN else int((root / name).lstat().st_mtime))
         for name, digest in tree_digest(root).items()
     }
+
+
+def release_files(root: Path) -> dict[str, tuple[str, int]]:
+    """:func:`tree_with_times` without the installer's own files (they name the tag installed)."""
+    return {name: found for name, found in tree_with_times(root).items() if name not in INSTALLERS_OWN}
 
 
 def part_requests(upstream: UpstreamServer, tag: str = TAG) -> list[tuple[str | None, int]]:
@@ -673,7 +675,7 @@ def test_a_tar_sha256_that_is_not_one_is_refused_or_gets_the_full_download(
     result = install(f"{upstream.url}/stream-digests/{case}/{TAG}/", dest, tmp_path / "cache")
     if value is None:
         assert "archive.tar_sha256 (a release made before #54)" in why_the_whole_release(result)
-        assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+        assert release_files(dest) == release_files(releases.installed_new)
         return
     assert_one_line_error(result, "archive.tar_sha256")
     assert tree_with_times(dest) == before
@@ -812,3 +814,82 @@ def test_a_swap_that_fails_with_shared_files_leaves_the_previous_install_intact(
     python = next((dest / "bin").glob("python3.*"))
     ran = subprocess.run([python, "-I", "-c", "import json; print('ran')"], capture_output=True, text=True, check=False)
     assert ran.stdout.strip() == "ran", ran.stderr
+
+
+# -- a release of the same tree: the install's own files only (#54) ------------------------------------
+
+DAY2_TAG = f"vllm0.33.0-rocm{ROCM_VERSION}.day2-gfx1151"
+
+
+def _same_tree_release(releases: Releases, built: Path, upstream: UpstreamServer, tmp_path: Path) -> str:
+    """The new release's tree released again a day later under another tag (what a nightly with no
+    change is): the same tar stream, so the same ``archive.tar_sha256``."""
+    case = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}"
+    date = json.loads((releases.new_dir / RELEASE_JSON).read_text())["source_date_epoch"] + 86400
+    where = make_release(
+        built / "gfx1151" / "root", upstream.root / "day2" / case / DAY2_TAG, DAY2_TAG, date, PART_SIZE
+    )
+    stream = json.loads((where / RELEASE_JSON).read_text())["archive"]["tar_sha256"]
+    assert stream == json.loads((releases.new_dir / RELEASE_JSON).read_text())["archive"]["tar_sha256"]
+    return f"{upstream.url}/day2/{case}/{DAY2_TAG}/"
+
+
+def installed_copy(releases: Releases, tmp_path: Path) -> Path:
+    """A copy of a full install of the new release, as ``cp -a`` makes it: modes, times and hard links kept."""
+    dest = tmp_path / "vllm"
+    subprocess.run(["cp", "-a", str(releases.installed_new), str(dest)], check=True)
+    return dest
+
+
+def test_a_release_of_the_same_tree_checks_every_file_and_writes_only_the_installs_own(
+    releases: Releases, built: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """Over an install of the same tree (its recorded tar stream is the release's), every file is read
+    and checked, no part is fetched, no staging tree is made: the install's own files are renamed into
+    it, and it is what a full install of the new release gives."""
+    url = _same_tree_release(releases, built, upstream, tmp_path)
+    dest = installed_copy(releases, tmp_path)
+    root = dest.stat().st_ino
+    result = install(url, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{DAY2_TAG} is the tree of the installed {TAG}" in result.stdout, result.stdout
+    assert "check the installed tree" in result.stderr, result.stderr
+    assert part_requests(upstream, DAY2_TAG) == [], "no part fetched"
+    assert dest.stat().st_ino == root, "in place: no staging tree swapped in"
+    assert release_files(dest) == release_files(releases.installed_new)
+    assert (dest / "version.txt").read_text() == DAY2_TAG
+    day2 = url.removeprefix(upstream.url + "/")
+    assert (dest / KEPT_TOC).read_bytes() == (upstream.root / day2 / ReleaseAssets(DAY2_TAG).toc).read_bytes()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".vllm.")] == [".vllm.vllm-bundle.lock"]
+
+
+def _file_touched(dest: Path) -> None:
+    os.utime(dest / "bin" / "vllm-server", (1_700_000_000, 1_700_000_000))
+
+
+def _byte_code_written(dest: Path) -> None:
+    site = next(dest.glob("lib/python3*/site-packages"))
+    (site / "vllm" / "__pycache__").mkdir(exist_ok=True)
+    (site / "vllm" / "__pycache__" / "envs.cpython-311.pyc").write_bytes(b"written by a run")
+
+
+def _file_made_private(dest: Path) -> None:
+    (dest / "bin" / "vllm-server").chmod(0o700)
+
+
+@pytest.mark.parametrize(
+    "change", [_file_touched, _byte_code_written, _file_made_private], ids=["time", "file-more", "mode"]
+)
+def test_an_install_changed_since_is_not_taken_for_the_same_tree(
+    change: Callable[[Path], None], releases: Releases, built: Path, upstream: UpstreamServer, tmp_path: Path
+) -> None:
+    """The same release tree over an install changed since (a file's time or mode, a file a run wrote):
+    the check of the installed tree says no, and the update is a delta, which gives a full install's tree
+    (the file more is gone, the time and mode are the release's)."""
+    url = _same_tree_release(releases, built, upstream, tmp_path)
+    dest = installed_copy(releases, tmp_path)
+    change(dest)
+    result = install(url, dest, tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "is the tree of the installed" not in result.stdout and "delta from" in result.stdout, result.stdout
+    assert release_files(dest) == release_files(releases.installed_new)

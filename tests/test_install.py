@@ -24,6 +24,7 @@ from filelock import FileLock
 from tests.conftest import REPO, TEST_REPO, assert_one_line_error, publish, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
+from vllm_bundle.install.installer import INSTALLERS_OWN
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.progress import human_size
 
@@ -49,9 +50,9 @@ def part_paths(upstream: UpstreamServer) -> list[str]:
 
 def without_version(tree: dict[str, str]) -> dict[str, str]:
     """An install's tree without what the installer adds: version.txt, its own marker, the release's
-    table of contents (kept for the next update, install/delta.py) and glibc floor (doctor reads it)."""
-    added = ("version.txt", ".vllm-bundle-install", ".vllm-bundle-toc.json.gz", ".vllm-bundle-glibc")
-    return {name: digest for name, digest in tree.items() if name not in added}
+    table of contents (kept for the next update, install/delta.py), glibc floor (doctor reads it) and tar
+    stream sha256 (installer.INSTALLERS_OWN)."""
+    return {name: digest for name, digest in tree.items() if name not in INSTALLERS_OWN}
 
 
 def test_installs_the_release_and_again_does_nothing(

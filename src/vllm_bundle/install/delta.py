@@ -264,11 +264,32 @@ class ChunkStore:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.kept: set[str] = set()  # the chunks this run put (a delta given up leaves none behind)
+        self.present = self._listed()  # the chunks the cache held when the run began (a cut run's)
+
+    def _listed(self) -> set[str]:
+        """The names of the chunk files in the cache, listed once, so that asking for a chunk the cache
+        does not have is a set lookup: each path of the cache is checked for links on its way
+        (util/cache.py), which for every chunk of a 3 GiB tree (about 100,000) took most of a date-only
+        update's time. Links are not followed; one at the chunks' folder is refused at the first put."""
+        folder, found = self.cache.root / "chunks", set[str]()
+        with suppress(OSError):  # no chunks folder yet
+            if not folder.is_symlink():
+                with os.scandir(folder) as groups:
+                    for group in groups:
+                        if group.is_dir(follow_symlinks=False):
+                            with os.scandir(group.path) as names:
+                                found.update(name.name for name in names if name.is_file(follow_symlinks=False))
+        return found
 
     def _path(self, digest: str) -> Path:
         return self.cache.chunk(digest)  # refused where the cache would be written through a link
 
+    def _known(self, digest: str) -> bool:
+        return digest in self.present or digest in self.kept
+
     def get(self, digest: str, size: int) -> bytes | None:
+        if not self._known(digest):
+            return None
         try:
             with open_regular_file(self._path(digest), follow=False) as handle:  # a FIFO there is a miss
                 data = handle.read(size + 1)
@@ -277,6 +298,8 @@ class ChunkStore:
         return data if len(data) == size and hashlib.sha256(data).hexdigest() == digest else None
 
     def has(self, digest: str, size: int) -> bool:
+        if not self._known(digest):
+            return False
         try:
             found = self._path(digest).lstat()
         except OSError:
@@ -287,7 +310,7 @@ class ChunkStore:
         """The chunks of an update once it is installed (or given up for the whole release): made by a
         delta, needed by none after it; and their folders, once empty."""
         folders = set()
-        for digest in set(digests):
+        for digest in {digest for digest in digests if self._known(digest)}:
             path = self._path(digest)
             path.unlink(missing_ok=True)
             folders.add(path.parent)
@@ -339,6 +362,7 @@ class Previous:
             if entry.kind == "hardlink" and entry.link in self.names:
                 self.names[entry.link] += 1
         self._open: tuple[str, BinaryIO] | None = None
+        self._folders: dict[str, Path | None] = {}  # a folder's name -> where it is, None: not inside
 
     def link(self, entry: Entry, path: Path, mode: int) -> bool:
         """``path`` made a hard link to the previous install's file of ``entry``'s name, where that file is
@@ -399,15 +423,24 @@ class Previous:
         if self._open is not None and self._open[0] == name:
             return self._open[1]
         self.close()
-        try:
-            path = (self.root / name).resolve()  # the name as the old table gives it: never outside the install
-        except RuntimeError as loop:  # Python 3.11's "Symlink loop" (3.13 raises OSError): a changed file
-            raise OSError(str(loop)) from None
-        if not path.is_relative_to(self.root) or path == self.root:
-            raise OSError(f"{name} is not inside the previous install")
-        handle = open_regular_file(path, follow=False)  # a FIFO, a device: not a file of the install
+        handle = open_regular_file(self._inside(name), follow=False)  # a link, FIFO, device: not a file of it
         self._open = (name, handle)
         return handle
+
+    def _inside(self, name: str) -> Path:
+        """Where the file ``name`` (as the old table gives it) is: its folder resolved (once per folder),
+        never outside the install."""
+        parent, _, base = name.rpartition("/")
+        if parent not in self._folders:
+            try:
+                resolved = (self.root / parent).resolve()
+            except RuntimeError as loop:  # Python 3.11's "Symlink loop" (3.13 raises OSError): a changed folder
+                raise OSError(str(loop)) from None
+            self._folders[parent] = resolved if resolved.is_relative_to(self.root) else None
+        folder = self._folders[parent]
+        if folder is None or base in ("", ".", ".."):
+            raise OSError(f"{name} is not inside the previous install")
+        return folder / base
 
     def close(self) -> None:
         if self._open is not None:

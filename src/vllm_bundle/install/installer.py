@@ -36,7 +36,7 @@ from urllib.parse import quote, urlsplit
 import requests
 from filelock import FileLock, Timeout
 
-from vllm_bundle.errors import BundleError, InstallError, ManifestError, NetworkError
+from vllm_bundle.errors import ArchiveError, BundleError, InstallError, ManifestError, NetworkError
 from vllm_bundle.install.delta import (
     KEPT_TOC,
     ChunkStore,
@@ -59,17 +59,24 @@ from vllm_bundle.manifests import (
 )
 from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
+from vllm_bundle.runtime.smallfile import NotSmallFile, read_small_bytes
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.parts import extract_parts
 from vllm_bundle.util.policy import RetryPolicy
-from vllm_bundle.util.progress import human_size
+from vllm_bundle.util.progress import human_size, reported_step
+from vllm_bundle.util.tarstream import stream_sha256
 from vllm_bundle.util.transport import check_url, describe, is_connect_failure, make_session, retrying
 from vllm_bundle.util.validate import sha256_hex
 
 VERSION_FILE = "version.txt"
 MARKER = ".vllm-bundle-install"  # in every install this tool made: the only directories it replaces
 STAGING_MARKER = ".vllm-bundle-staging"  # in a staging directory until the install marker is written
+#: The sha256 of the tar stream an install's tree was checked to be (release.json ``archive.tar_sha256``):
+#: a release that gives the same is the same tree (:func:`_same_tree`).
+STREAM_FILE = ".vllm-bundle-tar-sha256"
+#: What the installer writes beside a release's files: never part of its tree.
+INSTALLERS_OWN = (VERSION_FILE, MARKER, STAGING_MARKER, KEPT_TOC, GLIBC_FILE, STREAM_FILE)
 GITHUB_DOWNLOAD = "https://github.com/{repo}/releases/download/{tag}/"
 #: A tag names files (its parts, ``version.txt``) and URL path segments: one plain name, never a path.
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
@@ -481,6 +488,13 @@ def _install_locked(
         return False
     artifacts = part_artifacts(release, policy)
     toc, previous_tag = _table_of_contents(release, fetcher, say), installed_tag(dest)
+    if delta and toc is not None and _ours(dest) and _same_tree(release, dest, fetcher):
+        _mark_in_place(dest, release, toc)
+        say(
+            f"{release.tag} is the tree of the installed {previous_tag or 'release'} (the same tar stream, "
+            "checked file by file): nothing fetched, only the install's own files written"
+        )
+        return True
     if delta and toc is not None and _ours(dest):
         store = ChunkStore(fetcher.cache)
         try:
@@ -509,6 +523,53 @@ def _install_locked(
         )
         _put_in_place(staging, dest, release, toc)
     return True
+
+
+def _same_tree(release: Release, dest: Path, fetcher: Fetcher) -> bool:
+    """The release's tree is the installed one (a release that changed only its date, tarstream.
+    RELEASED_MTIME): the install recorded the tar stream release.json gives, and its tree, read now with
+    every file's bytes, mode, time and owner (no file more, none less), still is that stream."""
+    if release.tar_sha256 is None:
+        return False
+    try:
+        recorded = read_small_bytes(dest / STREAM_FILE, 64, follow=False).decode()
+    except (OSError, NotSmallFile, UnicodeDecodeError):
+        return False
+    if recorded != release.tar_sha256:
+        return False
+    total = sum(release.sizes.values())  # (compressed: the step shows bytes read against it)
+    try:
+        with reported_step(fetcher.reporter, "check the installed tree", total) as checked:
+            found = stream_sha256(dest, leave_out=INSTALLERS_OWN, progress=checked, as_installed=True)
+    except (ArchiveError, OSError):  # a FIFO, a link out, a file chmod-ed: not the release's tree
+        return False
+    return found == release.tar_sha256
+
+
+def _mark_in_place(dest: Path, release: Release, toc: bytes) -> None:
+    """The install's own files for ``release``, each written beside ``dest`` (in a folder marked for
+    :func:`sweep`) and renamed into it, the tag last: an install cut off midway is still the previous
+    tag's, whose tree this is too, and is done again."""
+    scratch = _scratch_dir(dest, "mark")
+    try:
+        (scratch / STAGING_MARKER).touch()
+        for name, data in _own_files(release, toc).items():
+            if data is None:
+                (dest / name).unlink(missing_ok=True)
+            else:
+                (scratch / name).write_bytes(data)
+                (scratch / name).replace(dest / name)
+    finally:
+        _remove_tree(scratch)
+
+
+def _own_files(release: Release, toc: bytes | None) -> dict[str, bytes | None]:
+    """What the installer writes beside the release's files, in the order it writes them (the install's
+    tag last)."""
+    glibc = release.glibc.encode() if release.glibc else None
+    stream = release.tar_sha256.encode() if release.tar_sha256 else None
+    tag = release.tag.encode()
+    return {KEPT_TOC: toc, GLIBC_FILE: glibc, STREAM_FILE: stream, MARKER: tag, VERSION_FILE: tag}
 
 
 def _table_of_contents(release: Release, fetcher: Fetcher, say: Callable[[str], None]) -> bytes | None:
@@ -566,9 +627,7 @@ def _put_in_place(staging: Path, dest: Path, release: Release, toc: bytes | None
     launcher = staging / "bin" / "vllm-server"
     if not launcher.is_file() or not os.access(launcher, os.X_OK):
         raise InstallError(f"{release.tag} has no executable bin/vllm-server", "this is not a bundle release")
-    glibc = release.glibc.encode() if release.glibc else None
-    kept = {VERSION_FILE: release.tag.encode(), KEPT_TOC: toc, GLIBC_FILE: glibc, MARKER: release.tag.encode()}
-    for name, data in kept.items():
+    for name, data in _own_files(release, toc).items():
         (staging / name).unlink(missing_ok=True)  # never written through a link the archive put there
         if data is not None:
             (staging / name).write_bytes(data)
