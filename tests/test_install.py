@@ -24,7 +24,7 @@ from filelock import FileLock
 from tests.conftest import REPO, TEST_REPO, assert_one_line_error, publish, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
-from vllm_bundle.install.installer import INSTALLERS_OWN
+from vllm_bundle.install.installer import INSTALLERS_OWN, STREAM_FILE
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.progress import human_size
 
@@ -558,6 +558,13 @@ KILLED_AT = textwrap.dedent("""
 OLDER = "vllm0.32.0-rocm7.13.0-gfx1151"
 
 
+def as_older_install(dest: Path) -> None:
+    """The install at ``dest`` made to look like an older release's: another tag, and no tar stream
+    recorded (an older tree's would differ), so an install over it writes a new tree and swaps it in."""
+    (dest / "version.txt").write_text(OLDER)
+    (dest / STREAM_FILE).unlink()
+
+
 def killed_install(hook: str, source: Path, dest: Path, cache: Path) -> None:
     """An install of ``source`` SIGKILLed at ``hook``."""
     command = [sys.executable, "-c", KILLED_AT, hook, "install", str(source), "--dest", str(dest)]
@@ -581,7 +588,7 @@ def test_what_an_install_killed_at_the_swap_leaves_is_removed_by_the_next(
 ) -> None:
     assets, dest, cache = built.parent / "bundles" / TAG, tmp_path / "vllm", tmp_path / "cache"
     assert install(assets, dest, cache).returncode == 0
-    (dest / "version.txt").write_text(OLDER)  # an older install is in place
+    as_older_install(dest)
     killed_install(hook, assets, dest, cache)
     left = [tmp_path / name for name in ours_beside(dest)]
     assert left, "the killed run left its staging (or the previous install) behind"
@@ -605,7 +612,7 @@ def test_a_fallback_swap_killed_between_its_renames_is_rolled_back_by_the_next_r
     next run puts the previous one back first, so a rerun that fails still leaves the old install."""
     assets, dest, cache = built.parent / "bundles" / TAG, tmp_path / "vllm", tmp_path / "cache"
     assert install(assets, dest, cache).returncode == 0
-    (dest / "version.txt").write_text(OLDER)
+    as_older_install(dest)
     before = tree_digest(dest)
     killed_install("between-renames", assets, dest, cache)
     assert not dest.exists(), "the kill state: the old install renamed away, the new one not yet in place"
