@@ -238,11 +238,16 @@ def parse_toc(data: bytes, archive_size: int | None = None) -> Toc:
     end, given ``archive_size``), every chunk inside its member, each file's chunks one after the other
     from its first byte to its last. Raises DeltaUnavailable naming what does not add up."""
     try:
+        text = bytearray()
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            text = stream.read(MAX_TOC + 1)
-        if len(text) > MAX_TOC:
-            raise _Bad(f"it inflates to more than {MAX_TOC} bytes")
+            # A window at a time: read(MAX_TOC + 1) at once allocates MAX_TOC (128 MiB) whatever the size,
+            # which was most of a delta's peak memory (#54)
+            while piece := stream.read(1 << 20):
+                text += piece
+                if len(text) > MAX_TOC:
+                    raise _Bad(f"it inflates to more than {MAX_TOC} bytes")
         doc = json.loads(text)
+        del text
         if not isinstance(doc, dict) or doc.get("version") != TOC_VERSION or not isinstance(doc.get("entries"), list):
             raise _Bad(f"it is not a version {TOC_VERSION} table of contents")
         reader = _Reader(_members(doc, archive_size))
@@ -884,6 +889,8 @@ def check_assembled(delta: Delta, staging: Path, reporter: Reporter) -> None:
         raise DeltaUnavailable(
             f"the tree assembled from the table of contents is not a release's: {err.message}"
         ) from None
+    except OSError as err:  # a file of it replaced while it was read
+        raise DeltaUnavailable(f"the tree assembled could not be read back: {err}") from None
     if digest != delta.tar_sha256:
         raise DeltaUnavailable(
             "the tree assembled from the table of contents is not the tar stream of the release's parts "

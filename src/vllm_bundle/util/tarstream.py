@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_bundle.errors import ArchiveError
+from vllm_bundle.runtime.smallfile import open_regular_file
 
 if TYPE_CHECKING:
     from _typeshed import SupportsRead
@@ -180,7 +181,7 @@ def _as_installed(path: Path, info: tarfile.TarInfo) -> None:
 
 def _hash_file(path: Path, size: int, digest: hashlib._Hash, progress: Callable[[int], None]) -> None:
     left = size
-    with path.open("rb", buffering=0) as handle:
+    with open_regular_file(path, follow=False) as handle:  # a FIFO or a link there since the lstat: refused
         while left:
             data = handle.read(min(left, WINDOW))
             if not data:
