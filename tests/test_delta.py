@@ -10,7 +10,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests import interrupt
 from tests.conftest import PART_SIZE, assert_one_line_error, publish, tree_digest
 from tests.releases import make_release, toc_field
 from tests.test_install import HOST, TAG, install
@@ -560,18 +560,14 @@ def test_ctrl_c_during_a_delta_ends_it_at_once_with_the_previous_install_intact(
     before = tree_with_times(dest)
     command = [sys.executable, "-m", "vllm_bundle", "install", releases.new, "--dest", str(dest)]
     command += ["--cache-dir", str(tmp_path / "cache"), "--plain", *HOST]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = interrupt.start(command)
     try:
         deadline = time.monotonic() + 60
         while not any(header for header, _ in part_requests(upstream)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert process.poll() is None and any(header for header, _ in part_requests(upstream)), "a Range request"
         time.sleep(0.5)  # the answer's headers are read; its body is held
-        process.send_signal(signal.SIGINT)
-        try:
-            _, stderr = process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            pytest.fail("Ctrl-C did not end the install while the server held its Range answers")
+        _, _, stderr = interrupt.ctrl_c(process, within=20)
     finally:
         released.set()
         if process.poll() is None:

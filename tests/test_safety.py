@@ -7,7 +7,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import interrupt
 from tests.conftest import (
     OLD_VLLM,
     REPO,
@@ -419,17 +419,17 @@ def test_install_re_hashes_a_corrupt_cached_part(built: Path, tmp_path: Path) ->
 # -- 7. Ctrl-C ends a verb within 2 s, keeping resumable partials ------------------------------------------
 
 
-def _interrupt_when(process: subprocess.Popen[str], ready: Callable[[], bool], timeout: float = 120) -> float:
-    """Send SIGINT once ``ready()``; returns the seconds the process took to exit after it."""
+def _interrupt_when(
+    process: subprocess.Popen[str], ready: Callable[[], bool], timeout: float = 120
+) -> tuple[float, str]:
+    """Send SIGINT once ``ready()``; returns the seconds the process took to exit after it, and its stderr."""
     deadline = time.monotonic() + timeout
     while not ready():
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "never got ready"
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    sent = time.monotonic()
-    process.wait(timeout=30)
-    return time.monotonic() - sent
+    seconds, _, stderr = interrupt.ctrl_c(process, within=30)
+    return seconds, stderr
 
 
 def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
@@ -438,7 +438,7 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
     upstream.inject("*", Fault("throttle", times=None, rate=400_000))
     command = [sys.executable, "-m", "vllm_bundle", "fetch", "gfx1151", "--recipes", str(locked), "--plain"]
     command += ["--cache-dir", str(tmp_path / "cache"), "--mirror", f"{upstream.url}/mirror/", "-j", "4"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = interrupt.start(command)
     partials = tmp_path / "cache" / "partial"
     seen: dict[str, int] = {}
 
@@ -453,8 +453,7 @@ def test_ctrl_c_during_fetch_stops_at_once_and_the_next_run_resumes(
                 return True
         return False
 
-    seconds = _interrupt_when(process, downloading)
-    _, err = process.communicate()
+    seconds, err = _interrupt_when(process, downloading)
     assert seconds < 2, f"Ctrl-C took {seconds:.1f} s"
     assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     kept = {p.name: p.stat().st_size for p in partials.glob("*.part")}
@@ -480,16 +479,13 @@ def test_ctrl_c_while_archiving_stops_at_once_and_leaves_no_parts(
         "vllm_bundle",
         *bundle_args(locked, upstream, build, built.parent / "cache", builder_registry),
     ]
-    process = subprocess.Popen(
-        [*command, "--force", "release", "--level", "9"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    process = interrupt.start([*command, "--force", "release", "--level", "9"])
     bundles = build.parent / "bundles"
 
     def archiving() -> bool:
         return any(p.stat().st_size > 0 for p in bundles.glob(".*.tmp/.*.part*.tmp"))
 
-    seconds = _interrupt_when(process, archiving)
-    _, err = process.communicate()
+    seconds, err = _interrupt_when(process, archiving)
     assert seconds < 2, f"Ctrl-C took {seconds:.1f} s"
     assert process.returncode == 130 and "Traceback" not in err, err
     assert [p.name for p in bundles.iterdir() if not p.name.endswith(".lock")] == [], "no parts, no stamp left"
