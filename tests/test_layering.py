@@ -29,7 +29,7 @@ PACKAGE = ROOT / "src" / "vllm_bundle"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vllm_bundle", "errors", "paths", "runtime"),  # the version, the error classes, data paths, shipped runtime
     ("util",),  # shared mechanisms: atomic files, HTTP, verified downloads, extraction, progress
-    ("recipes", "manifests"),  # the vocabulary: targets and channels, the release's manifests
+    ("recipes", "manifests", "toc"),  # the vocabulary: targets and channels, the release's manifests and TOC
     ("inputs",),  # step 1: pins and the indexes they come from
     ("tree",),  # steps 2-3: the stages that build the tree
     ("release",),  # step 4: tarball parts, checksums, manifests, SBOM
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),  # parsing and dispatch
 )
 #: The consumer's side may import only these layers (and nothing from the build extra).
-INSTALL_MAY_IMPORT = ("vllm_bundle", "errors", "paths", "runtime", "util", "recipes", "manifests", "install")
+INSTALL_MAY_IMPORT = ("vllm_bundle", "errors", "paths", "runtime", "util", "recipes", "manifests", "toc", "install")
 
 
 def _module_name(path: Path, package: Path) -> str:

@@ -35,6 +35,7 @@ from vllm_bundle.manifests import pinned_tag
 from vllm_bundle.qualify.repro import first_difference
 from vllm_bundle.release.archive import CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MEMBER_SIZE, write_archive
 from vllm_bundle.release.assets import default_repo
+from vllm_bundle.toc import FORMAT, VERSION
 from vllm_bundle.util.parts import read_archive
 from vllm_bundle.util.tarstream import RELEASED_MTIME, stream_sha256
 
@@ -117,7 +118,7 @@ def test_the_toc_locates_every_chunk_of_every_file_in_independent_gzip_members(a
     file's bytes at its offset; the chunks of a file cover it in order, from its start to its end."""
     whole = b"".join(part.read_bytes() for part in parts_of(assets))
     toc = json.loads(gzip.decompress((assets / f"{STEM}.toc.json.gz").read_bytes()))
-    assert toc["version"] == 1
+    assert (toc["format"], toc["version"]) == (FORMAT, VERSION)
     members = toc["members"]
     assert len(members) > 1 and members[0][0] == 0
     assert all(a[0] + a[1] == b[0] for a, b in itertools.pairwise(members)), "back to back"

@@ -39,10 +39,8 @@ whatever the table says.
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import io
-import json
 import os
 import secrets
 import stat
@@ -55,13 +53,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import requests
 import urllib3
 
+from vllm_bundle import toc as toc_format
 from vllm_bundle.errors import ArchiveError, InsecureURLError, UnsafeArchiveError
 from vllm_bundle.runtime.smallfile import NotSmallFile, open_regular_file, read_small_bytes
+from vllm_bundle.toc import MAX_TOC, BadToc, Chunk, Entry, Toc
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.extract import safe_extract
 from vllm_bundle.util.fsutil import raising_disk_full
@@ -72,13 +72,6 @@ from vllm_bundle.util.transport import describe
 
 #: The table an install was made from, kept in it: what the next delta install reads.
 KEPT_TOC = ".vllm-bundle-toc.json.gz"
-TOC_VERSION = 1
-#: The most a member may inflate to: the writer's members are about 256 KiB plus one chunk and tar
-#: headers; a table that says more is not one of ours, and memory stays bounded whatever it says.
-MAX_MEMBER = 16 << 20
-#: The most a table may inflate to, far above what a release's needs (an entry per file and per chunk): a
-#: hostile table is refused before it is parsed into objects several times its size.
-MAX_TOC = 128 << 20
 #: One request fetches adjacent members up to this many bytes, so that several run at a time.
 MAX_REQUEST = 8 << 20
 REQUESTS_AT_ONCE = 4
@@ -89,7 +82,6 @@ LEAST_RANGE_RATE = 32 << 10
 #: Above this share of the archive to fetch, the whole release is downloaded (its parts are cached and
 #: resumable as a whole, and a Range request per member gains nothing).
 MOST_TO_FETCH = 0.5
-SHA256_PREFIX = "sha256:"
 
 
 class DeltaUnavailable(Exception):
@@ -97,164 +89,11 @@ class DeltaUnavailable(Exception):
     OSError or ValueError: safe extraction lets it through as it is.)"""
 
 
-class Chunk(NamedTuple):
-    member: int  # index in Toc.members
-    inner: int  # offset in the member's inflated bytes
-    at: int  # offset in the file
-    size: int
-    digest: str  # sha256, hex
-
-
-class Entry(NamedTuple):
-    name: str
-    kind: str  # reg, dir, symlink, hardlink
-    mode: int
-    size: int
-    link: str
-    chunks: tuple[Chunk, ...]
-
-
-@dataclass(frozen=True)
-class Toc:
-    entries: list[Entry]
-    members: list[tuple[int, int, int]]  # offset in the archive, compressed size, inflated size
-
-    def chunks(self) -> Iterator[tuple[Entry, Chunk]]:
-        for entry in self.entries:
-            for chunk in entry.chunks:
-                yield entry, chunk
-
-
-class _Bad(Exception):
-    """What is wrong with a table (turned into DeltaUnavailable naming the table)."""
-
-
-def _int(value: object, what: str, least: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise _Bad(f"{what} is {str(value)[:40]!r}, not a whole number >= {least}")
-    return value
-
-
-def _text(value: object, what: str) -> str:
-    if not isinstance(value, str) or "\0" in value:
-        raise _Bad(f"{what} is not a string")
-    return value
-
-
-def _digest(value: object, what: str) -> str:
-    text = _text(value, what)
-    hexdigest = text.removeprefix(SHA256_PREFIX)
-    if not text.startswith(SHA256_PREFIX) or len(hexdigest) != 64 or set(hexdigest) - set("0123456789abcdef"):
-        raise _Bad(f"{what} is not sha256:<64 hex digits>")
-    return hexdigest
-
-
-def _members(doc: dict[str, Any], archive_size: int | None) -> list[tuple[int, int, int]]:
-    """The members, back to back from the archive's start; when ``archive_size`` is given, to its end."""
-    rows = doc.get("members")
-    if not isinstance(rows, list):
-        raise _Bad("members is not an array")
-    members, end = [], 0
-    for number, row in enumerate(rows):
-        if not isinstance(row, list) or len(row) != 3:
-            raise _Bad(f"members[{number}] is not [offset, size, inflated size]")
-        offset, size, inflated = (_int(value, f"members[{number}]") for value in row)
-        if offset != end or size == 0 or inflated > MAX_MEMBER:
-            raise _Bad(f"members[{number}] is not the member after the one before it, or too large")
-        members.append((offset, size, inflated))
-        end = offset + size
-    if archive_size is not None and end != archive_size:
-        raise _Bad(f"its members end at byte {end}, the archive at {archive_size}")
-    return members
-
-
-class _Reader:
-    """Reads a table's entries one after the other, a file's chunks after it."""
-
-    def __init__(self, members: list[tuple[int, int, int]]) -> None:
-        self.members = members
-        self.at_offset = {offset: number for number, (offset, _, _) in enumerate(members)}
-        self.entries: list[Entry] = []
-        self.pending: dict[str, Any] | None = None
-        self.chunks: list[Chunk] = []
-
-    def _chunk(self, raw: dict[str, Any], where: str) -> Chunk:
-        member = self.at_offset.get(_int(raw.get("offset"), f"{where} offset"))
-        if member is None:
-            raise _Bad(f"{where} offset is not a member's")
-        inner = _int(raw.get("innerOffset"), f"{where} innerOffset")
-        size = _int(raw.get("chunkSize"), f"{where} chunkSize", least=1)
-        at = _int(raw.get("chunkOffset", 0), f"{where} chunkOffset")
-        if inner + size > self.members[member][2]:
-            raise _Bad(f"{where} lies outside its member")
-        expected = self.chunks[-1].at + self.chunks[-1].size if self.chunks else 0
-        if at != expected:
-            raise _Bad(f"{where} starts at byte {at} of its file, not {expected}: chunks overlap or leave a gap")
-        return Chunk(member, inner, at, size, _digest(raw.get("chunkDigest"), f"{where} chunkDigest"))
-
-    def _close(self) -> None:
-        raw = self.pending
-        if raw is None:
-            return
-        name = _text(raw.get("name"), "an entry's name")
-        size = sum(chunk.size for chunk in self.chunks)
-        if raw["type"] == "reg" and size != raw["size"]:
-            raise _Bad(f"the chunks of {name!r} hold {size} bytes, its size is {raw['size']}")
-        link = raw.get("linkName", "")
-        entry = Entry(name, raw["type"], raw["mode"], raw.get("size", 0), link, tuple(self.chunks))
-        self.entries.append(entry)
-        self.pending, self.chunks = None, []
-
-    def add(self, raw: object, number: int) -> None:
-        where = f"entries[{number}]"
-        if not isinstance(raw, dict):
-            raise _Bad(f"{where} is not an object")
-        kind = raw.get("type")
-        if kind == "chunk":
-            if self.pending is None or self.pending["type"] != "reg" or raw.get("name") != self.pending["name"]:
-                raise _Bad(f"{where} is a chunk of no file before it")
-            self.chunks.append(self._chunk(raw, where))
-            return
-        self._close()
-        if kind not in ("reg", "dir", "symlink", "hardlink"):
-            raise _Bad(f"{where} has type {str(kind)[:20]!r}")
-        _text(raw.get("name"), f"{where} name")
-        raw["mode"] = _int(raw.get("mode"), f"{where} mode")
-        if kind == "reg":
-            raw["size"] = _int(raw.get("size"), f"{where} size")
-            if "chunkDigest" in raw:
-                self.chunks.append(self._chunk(raw, where))
-        elif kind in ("symlink", "hardlink"):
-            _text(raw.get("linkName"), f"{where} linkName")
-        self.pending = raw
-
-    def finish(self) -> list[Entry]:
-        self._close()
-        return self.entries
-
-
 def parse_toc(data: bytes, archive_size: int | None = None) -> Toc:
-    """The table in ``data`` (gzip'd JSON), every field checked: members back to back (to the archive's
-    end, given ``archive_size``), every chunk inside its member, each file's chunks one after the other
-    from its first byte to its last. Raises DeltaUnavailable naming what does not add up."""
+    """:func:`vllm_bundle.toc.parse`, a table that does not add up being a delta given up."""
     try:
-        text = bytearray()
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            # A window at a time: read(MAX_TOC + 1) at once allocates MAX_TOC (128 MiB) whatever the size,
-            # which was most of a delta's peak memory (#54)
-            while piece := stream.read(1 << 20):
-                text += piece
-                if len(text) > MAX_TOC:
-                    raise _Bad(f"it inflates to more than {MAX_TOC} bytes")
-        doc = json.loads(text)
-        del text
-        if not isinstance(doc, dict) or doc.get("version") != TOC_VERSION or not isinstance(doc.get("entries"), list):
-            raise _Bad(f"it is not a version {TOC_VERSION} table of contents")
-        reader = _Reader(_members(doc, archive_size))
-        for number, raw in enumerate(doc["entries"]):
-            reader.add(raw, number)
-        return Toc(reader.finish(), reader.members)
-    except (_Bad, OSError, EOFError, zlib.error, ValueError) as err:
+        return toc_format.parse(data, archive_size)
+    except BadToc as err:
         raise DeltaUnavailable(f"the table of contents does not add up: {err}") from None
 
 
@@ -536,8 +375,9 @@ class MemberFetcher:
         groups: list[list[int]] = []
         for number in members:
             last = groups[-1] if groups else None
-            offset, size, _ = self.toc.members[number]
-            if last and last[-1] == number - 1 and offset + size - self.toc.members[last[0]][0] <= MAX_REQUEST:
+            member = self.toc.members[number]
+            start = self.toc.members[last[0]].offset if last else 0
+            if last and last[-1] == number - 1 and member.offset + member.size - start <= MAX_REQUEST:
                 last.append(number)
             else:
                 groups.append([number])
@@ -559,10 +399,10 @@ class MemberFetcher:
             if self.stopped.is_set():
                 return
             first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
-            body = _Body(self._bytes(first[0], last[0] + last[1], progress))
+            body = _Body(self._bytes(first.offset, last.offset + last.size, progress))
             try:
                 while remaining:
-                    self._keep(remaining[0], body.take(self.toc.members[remaining[0]][1]))
+                    self._keep(remaining[0], body.take(self.toc.members[remaining[0]].size))
                     remaining.pop(0)
                 body.finish()
                 return
@@ -751,7 +591,7 @@ class Sources:
             self.fetcher.wait_for(chunk.member, self.fetching)
             data = self.store.get(chunk.digest, chunk.size)
         if data is None:
-            size = self.fetcher.toc.members[chunk.member][1]
+            size = self.fetcher.toc.members[chunk.member].size
             self.room -= size
             if self.room < 0:
                 raise DeltaUnavailable(
@@ -815,7 +655,7 @@ def plan(new: Toc, previous: Previous, store: ChunkStore) -> Plan:
         else:
             fetch.add(chunk.member)
     members = sorted(fetch)
-    return Plan(members, sum(new.members[number][1] for number in members), reuse)
+    return Plan(members, sum(new.members[number].size for number in members), reuse)
 
 
 def previous_toc(dest: Path) -> Toc:

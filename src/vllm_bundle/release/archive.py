@@ -15,19 +15,13 @@ and before a file at least that large. Each member is compressed alone by libdef
 (:mod:`vllm_bundle.util.gzip_members`), so their bytes depend only on their content: the same tree gives
 the same bytes on any machine. (A single deflate stream was #34's "today"; members at 256 KiB with libdeflate are 2.6 %
 smaller than it at level 6 on a real site-packages, and faster.)
-The TOC (``ChunkedTar.toc``) has eStargz's TOC entries (containerd/stargz-snapshotter docs/estargz.md): one per
-file, directory and link, and per chunk its member's offset in the whole archive (``offset``), its place
-in the member's uncompressed bytes (``innerOffset``), its place and size in the file (``chunkOffset``,
-``chunkSize``) and its sha256 (``chunkDigest``); plus ``members``, each member's offset, compressed and
-uncompressed size, so a reader need not infer where one ends. A file's content is its chunks in order:
-there is no whole-file ``digest`` (every chunk checked is the file checked).
+The TOC (``ChunkedTar.toc``) says where each file's chunks are: its format is :mod:`vllm_bundle.toc`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import signal
 import stat
 import tarfile
@@ -36,13 +30,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from fastcdc.fastcdc_cy import fastcdc_cy  # type: ignore[import-untyped]
 from zlib_ng import zlib_ng as zlib_ng_core
 
 from vllm_bundle.errors import ArchiveError
 from vllm_bundle.manifests import DEFAULT_LEVEL, DEFAULT_PART_SIZE, MAX_PARTS, part_name
+from vllm_bundle.toc import Member, WrittenChunk, WrittenEntry, document, written_entry
 from vllm_bundle.util.gzip_members import Members, compressor
 from vllm_bundle.util.tarstream import end_of_archive, header, padding, tar_entry, tree_entries
 
@@ -58,8 +53,6 @@ CHUNK_WINDOW = 4 << 20  # how much of a file is read at a time to be chunked
 #: a real site-packages (429 MB, zlib-ng), one member per chunk made the archive 3.8 % larger than one gzip
 #: stream, members of 256 KiB 1.2 %; with libdeflate, members of 256 KiB are 2.6 % smaller than that stream.
 MEMBER_SIZE = 256 << 10
-#: The TOC's format: eStargz's TOC version, whose entries this TOC's follow.
-TOC_VERSION = 1
 
 
 def archiver() -> dict[str, str | int]:
@@ -254,10 +247,8 @@ class ChunkedTar:
         self._chunks: list[tuple[int, int]] = []  # its chunks: inner offset, size
         self._offset = 0  # bytes of the tar stream so far
         self.stream = hashlib.sha256()  # of the tar stream so far
-        #: per entry: name, type, mode, size (reg) or link target (links), its first chunk, its chunk count
-        self._entries: list[tuple[str, str, int, int | str | None, int, int]] = []
-        #: per chunk, in the order of the archive: member, inner offset, offset in the file, size
-        self._chunk_rows: list[tuple[int, int, int, int]] = []
+        self._entries: list[WrittenEntry] = []
+        self._chunk_rows: list[WrittenChunk] = []  # in the order of the archive
 
     def _cut(self) -> None:
         if self._pending:
@@ -278,8 +269,7 @@ class ChunkedTar:
         if info.isreg():
             self._add_data(path, info.size, interrupted)
             self._append(padding(info.size))
-        name, kind, extra = toc_fields(info)
-        self._entries.append((name, kind, info.mode, extra, first, len(self._chunk_rows) - first))
+        self._entries.append(written_entry(info, first, len(self._chunk_rows) - first))
         if len(self._pending) >= MEMBER_SIZE:
             self._cut()
 
@@ -289,7 +279,7 @@ class ChunkedTar:
         for data in file_chunks(path, size, interrupted):
             if at and len(self._pending) >= MEMBER_SIZE:
                 self._cut()
-            self._chunk_rows.append((self._members.given, len(self._pending), at, len(data)))
+            self._chunk_rows.append(WrittenChunk(self._members.given, len(self._pending), at, len(data)))
             self._chunks.append((len(self._pending), len(data)))
             self._append(data)
             at += len(data)
@@ -299,51 +289,16 @@ class ChunkedTar:
         self._append(end_of_archive(self._offset))
         self._cut()
 
-    def toc_entries(self) -> Iterator[dict[str, Any]]:
-        """The TOC's entries, once every member is written (their offsets and chunk digests are known
-        then): a file's first chunk on its ``reg`` entry and each other in a ``chunk`` entry after it, as
-        eStargz has them."""
-        digests = [digest for member in self._members.digests for digest in member]  # in chunk order
-        for name, kind, mode, extra, first, count in self._entries:
-            entry: dict[str, Any] = {"name": name, "type": kind, "mode": mode}
-            if extra is not None:
-                entry["size" if kind == "reg" else "linkName"] = extra
-            later = []
-            for number in range(first, first + count):
-                member, inner, at, size = self._chunk_rows[number]
-                chunk: dict[str, Any] = entry if number == first else {"name": name, "type": "chunk"}
-                chunk.update(offset=self._members.spans[member][0], innerOffset=inner, chunkOffset=at)
-                chunk.update(chunkSize=size, chunkDigest=f"sha256:{digests[number]}")
-                if chunk is not entry:
-                    later.append(chunk)
-            yield entry
-            yield from later
-
     def toc(self) -> bytes:
-        """The TOC's bytes: ``{"entries": [...], "members": [...], "version": 1}`` with sorted keys and no
-        spaces, each entry encoded and compressed as it is made (zlib-ng's gzip at level 9: mtime 0, no
-        name; its version is pinned exactly)."""
+        """The TOC's bytes (:func:`vllm_bundle.toc.document`, once every member is written: their offsets
+        and chunk digests are known then), compressed as it is made (zlib-ng's gzip at level 9: mtime 0,
+        no name; its version is pinned exactly)."""
+        digests = [digest for member in self._members.digests for digest in member]  # in chunk order
+        members = [Member(*span) for span in self._members.spans]
         compressor = zlib_ng_core.compressobj(9, zlib_ng_core.DEFLATED, 31)
-        out = [compressor.compress(b'{"entries":[')]
-        for number, entry in enumerate(self.toc_entries()):
-            text = json.dumps(entry, sort_keys=True, separators=(",", ":"))
-            out.append(compressor.compress(f"{',' if number else ''}{text}".encode()))
-        members = json.dumps(self._members.spans, separators=(",", ":"))
-        out.append(compressor.compress(f'],"members":{members},"version":{TOC_VERSION}}}'.encode()))
+        out = [compressor.compress(piece) for piece in document(self._entries, self._chunk_rows, digests, members)]
         out.append(compressor.flush())
         return b"".join(out)
-
-
-def toc_fields(info: tarfile.TarInfo) -> tuple[str, str, int | str | None]:
-    """The name, type and size or link target of a TOC entry for what ``info`` describes (eStargz's names:
-    ``reg``, ``dir``, ``symlink``, ``hardlink``; names without ``./``, the root as ``.``)."""
-    name = info.name.removeprefix("./") or "."
-    kind = {tarfile.REGTYPE: "reg", tarfile.DIRTYPE: "dir", tarfile.SYMTYPE: "symlink", tarfile.LNKTYPE: "hardlink"}
-    if info.issym():
-        return name, kind[info.type], info.linkname
-    if info.islnk():
-        return name, kind[info.type], info.linkname.removeprefix("./")
-    return name, kind[info.type], info.size if info.isreg() else None
 
 
 class Archive(NamedTuple):

@@ -42,9 +42,9 @@ from vllm_bundle.release.archive import archiver, write_archive
 from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
 
-#: 8: one mtime for every entry, archive.tar_sha256; 7: the floor; 6: the archive in chunked gzip members,
-#: with its TOC; 5: CycloneDX 1.6
-STAGE_VERSION = 8
+#: 9: the TOC names its format (vllm_bundle.toc); 8: one mtime for every entry, archive.tar_sha256; 7: the
+#: floor; 6: the archive in chunked gzip members, with its TOC; 5: CycloneDX 1.6
+STAGE_VERSION = 9
 GITHUB_REMOTE = re.compile(r"github\.com[:/](?P<owner>[\w.-]+)/(?P<name>[\w.-]+?)(?:\.git)?/?$")
 SOURCE_DATE_ENV = "SOURCE_DATE_EPOCH"
 #: 9999-12-31T23:59:59Z: the latest second the outputs carry (the SBOM's and the image's timestamps are
