@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import requests
-from filelock import FileLock, Timeout
+from filelock import FileLock
 
 from vllm_bundle.errors import ArchiveError, BundleError, InstallError, ManifestError, NetworkError
 from vllm_bundle.install.delta import (
@@ -62,6 +62,7 @@ from vllm_bundle.recipes import load_targets
 from vllm_bundle.runtime.smallfile import NotSmallFile, read_small_bytes
 from vllm_bundle.util.fetch import Artifact, Fetcher
 from vllm_bundle.util.fsutil import raising_disk_full
+from vllm_bundle.util.locks import held
 from vllm_bundle.util.parts import extract_parts
 from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import human_size, reported_step
@@ -435,16 +436,9 @@ def _destination_lock(dest: Path, say: Callable[[str], None]) -> Iterator[None]:
     holds the lock is waited for, saying so."""
     path = dest.with_name(f".{dest.name}.vllm-bundle.lock")
     os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=LOCK_NOTICE_AFTER)
-    except Timeout:
-        say(f"another install into {dest} is running (it holds {path}); waiting for it to finish")
-        lock.acquire()
-    try:
+    waiting = f"another install into {dest} is running (it holds {path}); waiting for it to finish"
+    with held(FileLock(str(path)), lambda: say(waiting), notice_after=LOCK_NOTICE_AFTER):
         yield
-    finally:
-        lock.release()
 
 
 def _say(line: str) -> None:

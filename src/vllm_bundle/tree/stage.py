@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
-from filelock import Timeout as LockTimeout
 
 from vllm_bundle.manifests import dump_json
 from vllm_bundle.util.fsutil import atomic_write, raising_disk_full
+from vllm_bundle.util.locks import held
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,6 @@ def exclusive(directory: Path, say: Callable[[str], None]) -> Iterator[None]:
     """One builder per build directory: a second run waits for the first (and says so), then reuses
     what it completed."""
     directory.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(directory / ".vllm-bundle.lock")
-    try:
-        lock.acquire(timeout=0)
-    except LockTimeout:
-        say(f"wait   another vllm-bundle is building {directory}; waiting for it to finish")
-        lock.acquire()
-    try:
+    waiting = f"wait   another vllm-bundle is building {directory}; waiting for it to finish"
+    with held(FileLock(directory / ".vllm-bundle.lock"), lambda: say(waiting)):
         yield
-    finally:
-        lock.release()

@@ -24,7 +24,6 @@ from urllib.parse import quote, urlsplit
 
 import requests
 import urllib3
-from filelock import Timeout as LockTimeout
 
 from vllm_bundle.errors import (
     BundleError,
@@ -37,6 +36,7 @@ from vllm_bundle.errors import (
 )
 from vllm_bundle.util.cache import Cache
 from vllm_bundle.util.fsutil import sha256_file
+from vllm_bundle.util.locks import held
 from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import Reporter, human_size
 from vllm_bundle.util.transport import (
@@ -45,6 +45,7 @@ from vllm_bundle.util.transport import (
     describe,
     is_connect_failure,
     make_session,
+    range_answer_problem,
     retrying,
 )
 
@@ -91,17 +92,6 @@ def mirror_source(mirror: str | None, artifact: Artifact) -> Source:
 def host_of(url: str) -> str:
     """``host[:port]`` of ``url``, without the userinfo (a password or token is never printed)."""
     return urlsplit(url).netloc.rpartition("@")[2]
-
-
-def _content_range_ok(header: str | None, start: int, size: int | None) -> bool:
-    """A 206 answer is usable only if it starts where our partial file ends (and totals the pin)."""
-    if not header or not header.startswith("bytes "):
-        return False
-    span, _, total = header[len("bytes ") :].partition("/")
-    first, _, _ = span.partition("-")
-    if not first.isdigit() or int(first) != start:
-        return False
-    return size is None or total == "*" or (total.isdigit() and int(total) == size)
 
 
 def _strong_validator(response: requests.Response) -> str | None:
@@ -302,16 +292,9 @@ class Fetcher:
 
     @contextmanager
     def _locked(self, artifact: Artifact) -> Iterator[None]:
-        lock = self.cache.lock(artifact.sha256)
-        try:
-            lock.acquire(timeout=0)
-        except LockTimeout:
-            self.reporter.note(f"wait   {artifact.filename}: another process is downloading it")
-            lock.acquire()
-        try:
+        waiting = f"wait   {artifact.filename}: another process is downloading it"
+        with held(self.cache.lock(artifact.sha256), lambda: self.reporter.note(waiting)):
             yield
-        finally:
-            lock.release()
 
     def _verify(self, artifact: Artifact, partial: Path, source: Source) -> None:
         size = partial.stat().st_size
@@ -428,9 +411,9 @@ class Fetcher:
         with self._request(artifact, url, headers) as response:
             self._check_status(artifact, url, response, have)
             resuming = bool(have) and response.status_code == 206
-            if resuming and not _content_range_ok(response.headers.get("Content-Range"), have, artifact.size):
+            if resuming and (problem := range_answer_problem(response, have, None, artifact.size)):
                 self.cache.discard_partial(artifact.sha256)
-                raise _BodyBroken(f"server answered an unusable range {response.headers.get('Content-Range')}")
+                raise _BodyBroken(f"server answered an unusable range: {problem}")
             if have and not resuming:
                 self.reporter.restart(artifact.filename, 0, "server ignored the range request; restarting")
             self.cache.write_partial_meta(artifact.sha256, {"url": url, "validator": _strong_validator(response)})
