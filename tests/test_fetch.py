@@ -98,6 +98,22 @@ def test_server_ignoring_range_gets_a_clean_restart(upstream: UpstreamServer, bl
     assert "ignored the range request" in log.getvalue()
 
 
+def test_a_resume_answered_with_another_range_starts_over(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
+    """A 206 to ``bytes=N-`` whose Content-Range names other bytes (util/transport.py range_answer_problem)
+    is not appended to the partial file: the partial file is dropped and the download starts over."""
+    artifact = artifact_for(blob, upstream)
+    upstream.inject("/files/blob.bin", Fault("cut", after=1_000_000), Fault("other-range"))
+    fetcher, log = make_fetcher(tmp_path / "cache")
+    fetcher.fetch_one(artifact)
+    requests = upstream.requests_for("/files/blob.bin")
+    assert [(r.status, r.range) for r in requests] == [(200, None), (206, "bytes=1000000-"), (200, None)]
+    assert fetcher.cache.blob(artifact.sha256).read_bytes() == blob.read_bytes()
+    assert (
+        f"the range bytes 1000001-{BLOB_SIZE}/{BLOB_SIZE} for bytes 1000000-{BLOB_SIZE - 1}/{BLOB_SIZE}"
+        in log.getvalue()
+    )
+
+
 def test_stalled_body_is_abandoned_and_resumed(upstream: UpstreamServer, blob: Path, tmp_path: Path) -> None:
     artifact = artifact_for(blob, upstream)
     upstream.inject("/files/blob.bin", Fault("stall", after=500_000, seconds=4))

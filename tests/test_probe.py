@@ -30,6 +30,7 @@ from tests.upstream.fixture import (
     THEROCK_PER_FAMILY,
 )
 from tests.upstream.server import Fault, LoopbackServer, UpstreamServer
+from vllm_bundle.errors import NetworkError
 from vllm_bundle.inputs import remote_wheel
 from vllm_bundle.inputs.remote_wheel import open_wheel
 from vllm_bundle.util.policy import PAGE_LIMIT, RetryPolicy
@@ -300,6 +301,7 @@ class _Ranges(BaseHTTPRequestHandler):
     """Serves ``body`` (HEAD and GET, one ``Range: bytes=a-b`` honoured), as an index serves a wheel."""
 
     body: ClassVar[bytes] = b""
+    shift: ClassVar[int] = 0  # a server whose Content-Range names other bytes than it sends: shifted by this
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -311,11 +313,36 @@ class _Ranges(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         first, _, last = self.headers.get("Range", "bytes=0-").removeprefix("bytes=").partition("-")
-        part = self.body[int(first) : int(last) + 1 if last else None]
+        end = int(last) if last else len(self.body) - 1
+        part = self.body[int(first) : end + 1]
         self.send_response(206)
+        self.send_header("Content-Range", f"bytes {int(first) + self.shift}-{end + self.shift}/{len(self.body)}")
         self.send_header("Content-Length", str(len(part)))
         self.end_headers()
         self.wfile.write(part)
+
+
+@contextlib.contextmanager
+def _wheel_server(body: bytes, shift: int, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A loopback index serving the wheel ``body`` by range; the URL of the wheel."""
+    monkeypatch.setattr(_Ranges, "body", body)
+    monkeypatch.setattr(_Ranges, "shift", shift)
+    server = LoopbackServer(("127.0.0.1", 0), _Ranges)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/pkg-1-py3-none-any.whl"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _wheel_of(member: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pkg/lib.so", member)
+    return buffer.getvalue()
 
 
 def test_a_wheel_member_larger_than_an_answer_may_be_is_read_in_ranges_that_are_not(
@@ -324,23 +351,24 @@ def test_a_wheel_member_larger_than_an_answer_may_be_is_read_in_ranges_that_are_
     """zipfile reads a member's compressed bytes in one read: one range request as large as the member,
     which a session bounding its answers (the probe's) refused for a library larger than the bound."""
     member = random.Random(3).randbytes(3 << 20)  # incompressible: 3 MiB compressed too
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("pkg/lib.so", member)
-    _Ranges.body = buffer.getvalue()
     monkeypatch.setattr(remote_wheel, "MOST", 1 << 20)
-    server = LoopbackServer(("127.0.0.1", 0), _Ranges)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with _wheel_server(_wheel_of(member), 0, monkeypatch) as url:
         policy = RetryPolicy(attempts=1, read_timeout=5, body_limit=1 << 20, body_deadline=30)
         with make_session(policy) as session:
-            url = f"http://127.0.0.1:{server.server_address[1]}/pkg-1-py3-none-any.whl"
             assert open_wheel(session, url).read("pkg/lib.so") == member
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+
+
+def test_a_wheel_answered_with_another_range_than_asked_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 206 whose Content-Range names other bytes than asked (util/transport.py range_answer_problem, the
+    check every ranged reader makes) is refused at once, not read as the wheel's."""
+    with (
+        _wheel_server(_wheel_of(b"x" * 1000), 1, monkeypatch) as url,
+        make_session(RetryPolicy(attempts=1, read_timeout=5)) as session,
+        pytest.raises(NetworkError) as refused,
+    ):
+        open_wheel(session, url)
+    said = re.search(r"a range request with the range bytes (\d+)-\d+/\d+ for bytes (\d+)-", refused.value.message)
+    assert said and int(said[1]) == int(said[2]) + 1, refused.value.message
 
 
 # -- #51 F6: index pages listing far more files than any index does ------------------------------------

@@ -22,6 +22,7 @@ from vllm_bundle.util.transport import (
     describe,
     make_session,
     raise_for_retry_status,
+    range_answer_problem,
     retrying,
 )
 
@@ -226,3 +227,50 @@ def test_a_body_that_trickles_is_given_up_on_at_the_deadline_not_at_each_read() 
             thread.join(10)
         assert 1.5 <= time.monotonic() - began < 5
         assert describe(caught.value) == "the answer did not arrive whole within 1.5 s"
+
+
+def _answer(status: int, **headers: str) -> requests.Response:
+    answer = requests.Response()
+    answer.status_code = status
+    answer.headers.update({name.replace("_", "-"): value for name, value in headers.items()})
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "first", "last", "total", "problem"),
+    [
+        (_answer(206, Content_Range="bytes 10-19/100", Content_Length="10"), 10, 19, 100, None),
+        (_answer(206, Content_Range="bytes 10-99/*"), 10, None, 100, None),
+        (_answer(206, Content_Range="bytes 10-99/100"), 10, None, None, None),
+        (_answer(200), 10, 19, 100, "HTTP 200, not 206"),
+        (_answer(206), 10, 19, 100, "a Content-Range of '', not bytes"),
+        (_answer(206, Content_Range="bytes */100"), 10, 19, 100, "a Content-Range of 'bytes */100'"),
+        (_answer(206, Content_Range="bytes 11-19/100"), 10, 19, 100, "the range bytes 11-19/100 for bytes 10-19/100"),
+        (_answer(206, Content_Range="bytes 10-20/100"), 10, 19, 100, "the range bytes 10-20/100 for"),
+        (_answer(206, Content_Range="bytes 10-98/100"), 10, None, 100, "for bytes 10-99/100"),
+        (_answer(206, Content_Range="bytes 10-19/101"), 10, 19, 100, "the range bytes 10-19/101"),
+        (_answer(206, Content_Range="bytes 19-10/100"), 19, None, None, "the range bytes 19-10/100"),
+        (_answer(206, Content_Range="bytes 10-19/100", Content_Length="11"), 10, 19, 100, "a Content-Length of '11'"),
+    ],
+    ids=[
+        "exact",
+        "to-the-end-total-unknown-to-the-server",
+        "to-the-end-total-unknown-to-us",
+        "not-206",
+        "no-content-range",
+        "unsatisfied-form",
+        "other-first",
+        "other-last",
+        "short-of-the-end",
+        "other-total",
+        "backwards",
+        "other-length",
+    ],
+)
+def test_a_ranged_answer_is_checked_for_the_bytes_asked(
+    answer: requests.Response, first: int, last: int | None, total: int | None, problem: str | None
+) -> None:
+    """The one check of every ranged read (a resumed download, a delta's members, a wheel read in place):
+    each reader's own test serves it a wrong Content-Range (test_fetch, test_delta, test_probe)."""
+    said = range_answer_problem(answer, first, last, total)
+    assert said == problem if problem is None else (said is not None and problem in said), said

@@ -45,7 +45,8 @@ class Fault:
     """One misbehaviour, applied to the next ``times`` requests of a path (None: every request)."""
 
     # "status" | "cut" | "ignore-range" | "wrong-bytes" (the file's first 64) | "wrong-range" (a 206
-    # answer's first 64: a range of other bytes; a 200 is sent as it is) | "stall" | "throttle" | "redirect"
+    # answer's first 64: a range of other bytes; a 200 is sent as it is) | "other-range" (a 206 whose
+    # Content-Range names the span one byte later than the bytes sent) | "stall" | "throttle" | "redirect"
     # | "hold" (the headers, then the body only once ``until`` is set, or after ``seconds``: 60 if 0)
     kind: str
     times: int | None = 1
@@ -222,7 +223,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("Content-Type", self._content_type(file))
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+            shift = 1 if fault and fault.kind == "other-range" else 0
+            self.send_header("Content-Range", f"bytes {start + shift}-{end + shift}/{len(data)}")
         self.end_headers()
         # Logged before the body goes out, so a client that has read it finds the entry in place.
         planned = 0 if head else self._planned_bytes(len(body), fault)

@@ -20,7 +20,7 @@ import requests
 from vllm_bundle.errors import LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
 from vllm_bundle.util.policy import PAGE_LIMIT
-from vllm_bundle.util.transport import check_url, describe
+from vllm_bundle.util.transport import check_url, describe, range_answer_problem
 
 BLOCK = 1 << 16  # bytes per range request (the central directory of a large wheel fits in a few)
 #: The most one range request asks for. zipfile reads a member's compressed bytes in one read, which a
@@ -56,11 +56,13 @@ class _RangeFile(io.RawIOBase):
             answer = self.session.get(self.url, headers={"Range": f"bytes={self.position}-{end}"})
         except requests.RequestException as err:
             raise NetworkError(f"cannot read {self.url}: {describe(err)}", UNREACHABLE_HINT) from None
-        if answer.status_code != 206:
+        if problem := range_answer_problem(answer, self.position, end, self.size):
+            raise NetworkError(f"{self.url} answered a range request with {problem}", "the index must serve ranges")
+        data = answer.content
+        if len(data) != end - self.position + 1:
             raise NetworkError(
-                f"{self.url} answered HTTP {answer.status_code} to a range request", "the index must serve ranges"
+                f"{self.url} answered bytes {self.position}-{end} with {len(data)} bytes", "the index must serve ranges"
             )
-        data = answer.content[: end - self.position + 1]
         buffer[: len(data)] = data
         self.position += len(data)
         return len(data)

@@ -68,7 +68,7 @@ from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import Reporter, human_size, reported_step
 from vllm_bundle.util.tarstream import RELEASED_MTIME, released_mode, stream_sha256
-from vllm_bundle.util.transport import describe
+from vllm_bundle.util.transport import describe, range_answer_problem, retrying
 
 #: The table an install was made from, kept in it: what the next delta install reads.
 KEPT_TOC = ".vllm-bundle-toc.json.gz"
@@ -393,9 +393,11 @@ class MemberFetcher:
 
     def _fetch_group(self, group: list[int], progress: Callable[[int], None]) -> None:
         """The members of ``group`` in one request; one cut off is asked again from the first member it
-        had not finished (what came before it is kept), up to the policy's ``attempts`` (``--retries``) times."""
-        remaining, why = list(group), ""
-        for _ in range(self.policy.attempts):
+        had not finished (what came before it is kept), up to the policy's ``attempts`` (``--retries``) times,
+        with its backoff between them (util/transport.py ``retrying``, as a full download has)."""
+        remaining = list(group)
+
+        def attempt() -> None:
             if self.stopped.is_set():
                 return
             first, last = self.toc.members[remaining[0]], self.toc.members[remaining[-1]]
@@ -405,12 +407,14 @@ class MemberFetcher:
                     self._keep(remaining[0], body.take(self.toc.members[remaining[0]].size))
                     remaining.pop(0)
                 body.finish()
-                return
-            except _Cut as err:
-                why = str(err)
             finally:
                 body.close()
-        raise DeltaUnavailable(f"a Range request was cut off {self.policy.attempts} times ({why})")
+
+        try:  # the policy's backoff between tries, cut short once the install stopped
+            retrying(self.policy, attempt, lambda err: isinstance(err, _Cut), sleep=self.stopped.wait)
+        except _Cut as err:
+            if not self.stopped.is_set():
+                raise DeltaUnavailable(f"a Range request was cut off {self.policy.attempts} times ({err})") from None
 
     def _keep(self, number: int, compressed: bytes) -> None:
         offset, _, inflated = self.toc.members[number]
@@ -474,11 +478,8 @@ class MemberFetcher:
         """The body of the answer to ``span`` of ``part``, checked to be that span, arriving whole within
         ``deadline`` (started, seconds); ends early once the install stopped."""
         (low, high), (started, seconds) = span, deadline
-        if answer.status_code != 206:
-            raise DeltaUnavailable(f"the server answered a Range request with HTTP {answer.status_code}, not 206")
-        expected = f"bytes {low}-{high - 1}/{part.size}"
-        if answer.headers.get("Content-Range") != expected:
-            raise DeltaUnavailable(f"the server answered {expected} with {answer.headers.get('Content-Range')}")
+        if problem := range_answer_problem(answer, low, high - 1, part.size):
+            raise DeltaUnavailable(f"the server answered a Range request with {problem}")
         with self.lock:
             self.moved.requests += 1
         while piece := answer.raw.read1(1 << 20):

@@ -10,6 +10,8 @@ A policy may also bound a body read whole (a request that is not streamed: an in
 list, a wheel's range): at most ``body_limit`` bytes, arriving whole within ``body_deadline`` seconds.
 The read timeout bounds each read only, so a host sending a byte per read timeout would otherwise keep
 the run forever, and requests reads a body of any size into memory.
+
+Every ranged read checks its answer with :func:`range_answer_problem`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import errno
 import http.client
 import io
 import ipaddress
+import re
 import socket
 import ssl
 import time
@@ -105,6 +108,35 @@ def retrying(
             on_failure(err, failures)
             after: float | None = getattr(err, "retry_after", None)
             sleep(min(policy.max_backoff, after) if after is not None else policy.delay(failures))
+
+
+CONTENT_RANGE = re.compile(r"bytes (?P<first>[0-9]+)-(?P<last>[0-9]+)/(?P<total>[0-9]+|\*)")
+
+
+def range_answer_problem(answer: requests.Response, first: int, last: int | None, total: int | None) -> str | None:
+    """What is wrong with ``answer`` as the answer to ``Range: bytes=<first>-<last>`` (``last`` None: to
+    the end) of a resource of ``total`` bytes (None: not known), or None. The one check of every ranged
+    read (a resumed download, a delta's members, a wheel read in place): HTTP 206; a ``Content-Range``
+    (RFC 9110 14.4) of exactly that span, and of that total where both say one; a ``Content-Length``, where
+    sent, of the span's size. A server that answers other bytes than asked is caught here, not by the
+    sha256 after the whole body was read."""
+    if answer.status_code != 206:
+        return f"HTTP {answer.status_code}, not 206 (Partial Content)"
+    header = answer.headers.get("Content-Range", "")
+    span = CONTENT_RANGE.fullmatch(header.strip())
+    if span is None:
+        return f"a Content-Range of {header[:60]!r}, not bytes <first>-<last>/<total>"
+    got_first, got_last, got_total = int(span["first"]), int(span["last"]), span["total"]
+    if last is None and total is not None:
+        last = total - 1
+    wrong_total = total is not None and got_total != "*" and int(got_total) != total
+    if got_first != first or (last is not None and got_last != last) or got_last < got_first or wrong_total:
+        asked = f"bytes {first}-{'' if last is None else last}/{'*' if total is None else total}"
+        return f"the range {header} for {asked}"
+    length = answer.headers.get("Content-Length")
+    if length is not None and length.strip() != str(got_last - got_first + 1):
+        return f"a Content-Length of {length[:20]!r} for the range {header} ({got_last - got_first + 1} bytes)"
+    return None
 
 
 def is_loopback(host: str | None) -> bool:
