@@ -417,9 +417,12 @@ def as_a_user(command: list[str]) -> list[str]:
 def run_cli(
     *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``vllm-bundle`` as a user would (a separate process), capturing its output."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("VLLM_BUNDLE_CACHE_DIR", None) if env is None or "VLLM_BUNDLE_CACHE_DIR" not in env else None
+    """Run ``vllm-bundle`` as a user would (a separate process), capturing its output: the same on a laptop
+    and in GitHub Actions (``GITHUB_ACTIONS`` and the cache folder only where ``env`` sets them), help
+    wrapped at 120 columns."""
+    full_env = {**os.environ, "COLUMNS": "120", **(env or {})}
+    for name in ("VLLM_BUNDLE_CACHE_DIR", "GITHUB_ACTIONS"):
+        full_env.pop(name, None) if name not in (env or {}) else None
     return subprocess.run(
         [sys.executable, "-m", "vllm_bundle", *map(str, args)],
         cwd=cwd,
@@ -429,6 +432,15 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+#: ``install --host-root``: a machine that can run the gfx1151 bundle (a Strix Halo's /sys and /dev).
+HOST = ("--host-root", str(REPO / "tests" / "data" / "hosts" / "strix-halo"))
+
+
+def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path, timeout: float = 300):  # type: ignore[no-untyped-def]
+    """``vllm-bundle install`` of ``source`` into ``dest`` on that machine, with plain progress."""
+    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *HOST, *extra, timeout=timeout)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str, quotes_a_log: bool = False) -> str:

@@ -73,7 +73,8 @@ def _packages(recipes: Path, channel: str, target: str = "gfx1151") -> dict[str,
 def test_the_channels_read_the_indexes_amd_publishes_to_today() -> None:
     """Since TheRock#7547 releases go to https://<stream>.repo.amd.com/rocm/whl-next/ (s3_buckets.py:229-232,
     setup_venv.py:56-61); `stable` is the current stable stream, and a channel whose index gets nothing new
-    says it is frozen."""
+    says it is frozen. A change detector on purpose: the URLs are a decision that follows AMD's, and
+    moving a channel must be a change to this test too; the rest of this module checks behaviour."""
     recipes = load_recipes(REPO / "recipes")
     indexes = {name: channel.therock_index for name, channel in recipes.channels.items()}
     assert indexes["stable"] == "https://stable.repo.amd.com/rocm/whl-next/"

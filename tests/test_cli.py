@@ -5,14 +5,12 @@ error, ``--debug`` for a bug report, and GitHub Actions' annotations."""
 from __future__ import annotations
 
 import io
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.test_docs import error_classes
 from vllm_bundle.errors import EXIT_CODES, DiskFullError, InstallError, LockError, RecipeError
 from vllm_bundle.recipes import load_targets
@@ -34,14 +32,6 @@ VERBS = [
     "targets",
     "merge-manifests",
 ]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "COLUMNS": "120", **(env or {})}
-    environment.pop("GITHUB_ACTIONS", None) if "GITHUB_ACTIONS" not in (env or {}) else None
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_bundle", *args], capture_output=True, text=True, env=environment, timeout=60
-    )
 
 
 def test_the_top_level_help_lists_each_verb_once_with_examples() -> None:

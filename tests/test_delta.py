@@ -22,14 +22,15 @@ from typing import Any
 import pytest
 
 from tests import interrupt
-from tests.conftest import PART_SIZE, assert_one_line_error, publish, tree_digest
-from tests.releases import make_release, toc_field
-from tests.test_install import HOST, TAG, install
+from tests.conftest import HOST, PART_SIZE, assert_one_line_error, install, publish, tree_digest
+from tests.releases import make_release
+from tests.test_install import TAG
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.install.delta import KEPT_TOC
 from vllm_bundle.install.installer import INSTALLERS_OWN
 from vllm_bundle.manifests import RELEASE_JSON, ReleaseAssets
+from vllm_bundle.release.assets import toc_field
 from vllm_bundle.util.cache import Cache
 
 OLD_TAG = f"vllm0.32.0-rocm{ROCM_VERSION}-gfx1151"
@@ -216,8 +217,9 @@ def test_the_tree_is_written_while_what_changed_is_fetched(
     [
         (Fault("ignore-range", times=None), "HTTP 200, not 206"),
         (Fault("wrong-range", times=1), "does not match"),
+        (Fault("other-range", times=1), "with the range bytes"),
     ],
-    ids=["server-ignores-range", "range-with-other-bytes"],
+    ids=["server-ignores-range", "range-with-other-bytes", "range-named-otherwise"],
 )
 def test_a_server_that_does_not_answer_the_range_gets_the_full_download(
     fault: Fault, why: str, releases: Releases, upstream: UpstreamServer, tmp_path: Path

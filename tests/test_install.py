@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from tests.conftest import REPO, TEST_REPO, assert_one_line_error, publish, run_cli, tree_digest
+from tests.conftest import HOST, REPO, TEST_REPO, assert_one_line_error, install, publish, run_cli, tree_digest
 from tests.upstream.fixture import ROCM_VERSION
 from tests.upstream.server import Fault, UpstreamServer
 from vllm_bundle.install.installer import INSTALLERS_OWN, STREAM_FILE
@@ -30,18 +30,13 @@ from vllm_bundle.util.progress import human_size
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
+
+
 #: The machine `install` checks (its doctor's checks) is a Strix Halo that can run the gfx1151 bundle.
-HOST = ("--host-root", str(REPO / "tests" / "data" / "hosts" / "strix-halo"))
-
-
 @pytest.fixture(scope="module")
 def served(built: Path, _server: UpstreamServer) -> str:
     """The fixture release published under ``/releases/download/<tag>/`` on the loopback server."""
     return publish(built, _server)
-
-
-def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path, timeout: float = 300):  # type: ignore[no-untyped-def]
-    return run_cli("install", source, "--dest", dest, "--cache-dir", cache, "--plain", *HOST, *extra, timeout=timeout)
 
 
 def part_paths(upstream: UpstreamServer) -> list[str]:

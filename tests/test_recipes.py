@@ -5,37 +5,49 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rocm_bootstrap import all_bundles, lookup_target
 
 from tests.conftest import REPO, assert_one_line_error, run_cli
+from tests.upstream.therock import FACTS, FAMILY_ISAS
 from vllm_bundle.errors import RecipeError, UnknownTargetError
 from vllm_bundle.recipes import load_recipes
 
-DESIGN_TARGETS = {
-    "gfx1151": ("gfx1151",),
-    "gfx1150": ("gfx1150",),
-    "gfx110X": ("gfx1100", "gfx1101", "gfx1102", "gfx1103"),
-    "gfx120X": ("gfx1200", "gfx1201"),
-    "gfx942": ("gfx942",),
-    "gfx950": ("gfx950",),
-}
-LEGACY_FAMILIES = {
-    "gfx1151": "gfx1151",
-    "gfx1150": "gfx1150",
-    "gfx110X": "gfx110X-all",
-    "gfx120X": "gfx120X-all",
-    "gfx942": "gfx94X-dcgpu",
-    "gfx950": "gfx950-dcgpu",
-}
+#: A change detector, kept because it records a decision: the targets DESIGN.md commits the project to
+#: (gfx1151 first). Everything else about them is checked against its source below, not restated.
+DESIGN_TARGETS = ("gfx1151", "gfx1150", "gfx110X", "gfx120X", "gfx942", "gfx950")
 
 
-def test_repository_recipes_hold_the_design_target_table() -> None:
+def test_repository_recipes_hold_the_design_targets() -> None:
+    assert tuple(load_recipes(REPO / "recipes").targets) == DESIGN_TARGETS
+
+
+def test_each_targets_isas_are_one_whole_group_of_rocm_bootstraps_hierarchy() -> None:
+    """A target serves one ISA, or every ISA of one of rocm-bootstrap's bundles (AMD's canonical GFX
+    hierarchy): no ISA it does not know, none of a group left out. Its PyTorch arch list is those ISAs."""
+    groups = {frozenset(member.name for member in bundle.members) for bundle in all_bundles()}
+    for name, target in load_recipes(REPO / "recipes").targets.items():
+        assert all(lookup_target(isa) for isa in target.isas), name
+        assert frozenset(target.isas) in groups, f"{name}: {target.isas} is no group of rocm-bootstrap's"
+        assert name.lower().removesuffix("x") in target.isas[0], "named after its ISAs"
+        assert target.pytorch_rocm_arch == ";".join(target.isas)
+
+
+def test_each_legacy_family_is_a_family_therock_published_for_the_targets_isas() -> None:
+    """A target's legacy per-family index is one TheRock published (tests/upstream/facts.toml, cited),
+    built for exactly the target's ISAs (therock.FAMILY_ISAS, cited); gfx1150 had none."""
+    published = next(index for index in FACTS.indexes.values() if index.layout == "per-family").families
+    for name, target in load_recipes(REPO / "recipes").targets.items():
+        if target.legacy_family not in published:
+            assert name == "gfx1150", f"{name}: legacy family {target.legacy_family} was never published"
+            continue
+        assert FAMILY_ISAS[target.legacy_family] == target.isas, name
+
+
+def test_the_device_packages_and_channels_the_lock_reads() -> None:
     recipes = load_recipes(REPO / "recipes")
-    assert {name: t.isas for name, t in recipes.targets.items()} == DESIGN_TARGETS
-    assert {name: t.legacy_family for name, t in recipes.targets.items()} == LEGACY_FAMILIES
-    gfx110x = recipes.target("gfx110X")
-    assert gfx110x.pytorch_rocm_arch == "gfx1100;gfx1101;gfx1102;gfx1103"
     assert recipes.device_packages == {"rocm": "rocm-sdk-device", "torch": "amd-torch-device"}
     assert {"stable", "nightly", "frozen-7.14", "nightly-legacy"} <= set(recipes.channels)
+    gfx110x = recipes.target("gfx110X")
     assert recipes.channel("nightly-legacy").sdk_wheels_for(gfx110x)[1] == "rocm-sdk-libraries-gfx110X-all"
     assert recipes.python.asset.endswith("-x86_64-unknown-linux-gnu-install_only_stripped.tar.gz")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import importlib.metadata
@@ -12,9 +11,10 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
+import time
 from datetime import datetime
 from pathlib import Path
+from random import Random
 from typing import Any
 
 import pytest
@@ -31,11 +31,13 @@ from tests.conftest import (
 )
 from tests.upstream.fixture import ROCM_VERSION, VLLM_BUILT_VERSION
 from tests.upstream.server import UpstreamServer
-from vllm_bundle.manifests import pinned_tag
+from vllm_bundle.manifests import DEFAULT_PART_SIZE, ReleaseAssets, part_name, pinned_tag
 from vllm_bundle.qualify.repro import first_difference
 from vllm_bundle.release.archive import CHUNK_AVG, CHUNK_MAX, CHUNK_MIN, MEMBER_SIZE, write_archive
-from vllm_bundle.release.assets import default_repo
+from vllm_bundle.release.assets import archive_assets, default_repo
 from vllm_bundle.toc import FORMAT, VERSION
+from vllm_bundle.util import gzip_members
+from vllm_bundle.util.fsutil import sha256_file
 from vllm_bundle.util.parts import read_archive
 from vllm_bundle.util.tarstream import RELEASED_MTIME, stream_sha256
 
@@ -250,10 +252,17 @@ def test_sbom(assets: Path) -> None:
     assert ref["rocm"] in graph[ref["torch"]] and ref["rocm-sdk-core"] in graph[ref["rocm"]]
 
 
-def test_single_part_and_partcount(built: Path, tmp_path: Path) -> None:
-    parts, size, digest, _, _ = write_archive(built / "gfx1151" / "root", tmp_path, "x-x64")
-    assert [p.path.name for p in parts] == ["x-x64.part01-of-01.tar.gz"]
-    assert size == parts[0].size and digest == parts[0].sha256
+def test_an_archive_within_one_part_is_part01_of_01_with_partcount_01(built: Path, tmp_path: Path) -> None:
+    """At the default part size the fixture bundle is one part: named ``01-of-01``, and the partcount
+    says ``01`` (two digits, no newline), as for several parts (Lemonade reads it first)."""
+    assets = ReleaseAssets("x")
+    archive = archive_assets(built / "gfx1151" / "root", tmp_path, assets, part_size=DEFAULT_PART_SIZE, level=6)
+    (part,) = archive["parts"]
+    assert part["name"] == "x-x64.part01-of-01.tar.gz" == part_name(assets.stem, 1, 1)
+    assert (tmp_path / assets.partcount).read_bytes() == b"01"
+    assert archive["size"] == part["size"] == (tmp_path / part["name"]).stat().st_size
+    assert archive["sha256"] == part["sha256"] == sha256_file(tmp_path / part["name"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([part["name"], assets.partcount, assets.toc])
 
 
 def test_a_trees_stream_sha256_is_the_tar_stream_its_parts_inflate_to(tmp_path: Path) -> None:
@@ -289,25 +298,44 @@ def test_a_trees_stream_sha256_is_the_tar_stream_its_parts_inflate_to(tmp_path: 
     assert stream_sha256(root) != written.tar_sha256, "another byte"
 
 
-def test_same_bytes_whatever_the_cpu_count(built: Path, tmp_path: Path) -> None:
-    """The archive does not depend on how many CPUs the machine has: all of them, then one (by
-    affinity, and ``os.cpu_count`` made to agree)."""
-    script = (
-        "import os, sys; from pathlib import Path; from vllm_bundle.release.archive import write_archive; "
-        "os.cpu_count = lambda: len(os.sched_getaffinity(0)); "
-        f"print(write_archive(Path(sys.argv[1]), Path(sys.argv[2]), 'x', part_size={PART_SIZE})[2])"
-    )
-    digests = []
-    for name, cpus in (("all", os.sched_getaffinity(0)), ("one", {min(os.sched_getaffinity(0))})):
-        result = subprocess.run(
-            [sys.executable, "-c", script, str(built / "gfx1151" / "root"), str(tmp_path / name)],
-            preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        digests.append(result.stdout.strip())
-    assert digests[0] == digests[1]
+def test_same_bytes_whatever_the_workers_and_the_order_they_finish_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The archive's bytes depend on neither how many threads compress its members (the count is fixed,
+    util/gzip_members.py ``COMPRESSION_WORKERS``, but nothing in the archive may rely on it) nor on the
+    order the members finish in: with one worker, and with eight of which every third member is made to
+    finish late, the parts, the table of contents and the tar stream are the same."""
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    random = Random(54)
+    for number in range(12):
+        size = random.randrange(1, 6 * MEMBER_SIZE)
+        (root / "lib" / f"f{number}.so").write_bytes(random.randbytes(size // 2) + bytes(size - size // 2))
+
+    def written(name: str) -> tuple[object, ...]:
+        archive = write_archive(root, tmp_path / name, "x", part_size=4 * MEMBER_SIZE)
+        return [part.sha256 for part in archive.parts], archive.toc, archive.tar_sha256
+
+    eight = written("eight")
+    monkeypatch.setattr(gzip_members, "COMPRESSION_WORKERS", 1)
+    one = written("one")
+    monkeypatch.setattr(gzip_members, "COMPRESSION_WORKERS", 8)
+    finished: list[int] = []
+    given = itertools.count()
+    real_pack = gzip_members._pack
+
+    def late_pack(data: bytes, chunks: Any, level: int) -> tuple[bytes, list[str]]:
+        number = next(given)
+        if number % 3 == 0:
+            time.sleep(0.05)
+        packed = real_pack(data, chunks, level)
+        finished.append(number)
+        return packed
+
+    monkeypatch.setattr(gzip_members, "_pack", late_pack)
+    shuffled = written("shuffled")
+    assert finished != sorted(finished) and len(finished) > 20, "members finished out of order"
+    assert one == eight == shuffled
 
 
 def test_a_difference_names_the_member_and_field(built: Path, tmp_path: Path) -> None:

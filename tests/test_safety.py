@@ -25,6 +25,7 @@ from tests.conftest import (
     TEST_DOWNLOADS,
     assert_one_line_error,
     bundle_args,
+    install,
     lock_against,
     run_cli,
     seed_vllm_build,
@@ -41,13 +42,6 @@ from vllm_bundle.util.fsutil import sha256_file
 
 TAG = f"vllm0.33.0-rocm{ROCM_VERSION}-gfx1151"
 STEM = f"{TAG}-x64"
-
-
-def install(source: str | Path, dest: Path, cache: Path, *extra: str | Path):  # type: ignore[no-untyped-def]
-    host = REPO / "tests" / "data" / "hosts" / "strix-halo"  # a machine that can run the gfx1151 bundle
-    return run_cli(
-        "install", source, "--dest", dest, "--cache-dir", cache, "--plain", "--host-root", host, *extra, timeout=300
-    )
 
 
 # -- 1. install replaces only a directory it created -----------------------------------------------------

@@ -61,6 +61,29 @@ class ReleaseOptions:
     source_date: int | None = None  # else $SOURCE_DATE_EPOCH, else the lock's
 
 
+def archive_assets(root: Path, where: Path, assets: ReleaseAssets, *, part_size: int, level: int) -> dict[str, Any]:
+    """``root``'s archive in ``where`` as a release has it: its parts, ``partcount`` (``MM``, no newline,
+    also for a single part) and table of contents. Returns release.json's ``archive`` object."""
+    archive = write_archive(root, where, assets.stem, part_size=part_size, level=level)
+    (where / assets.partcount).write_text(f"{len(archive.parts):02d}")
+    (where / assets.toc).write_bytes(archive.toc)
+    return {
+        "size": archive.size,
+        "sha256": archive.sha256,
+        "tar_sha256": archive.tar_sha256,
+        "format": "tar+gzip",
+        "level": level,
+        "archiver": archiver(),
+        "parts": [{"name": part.path.name, "size": part.size, "sha256": part.sha256} for part in archive.parts],
+        "toc": toc_field(assets, archive.toc),
+    }
+
+
+def toc_field(assets: ReleaseAssets, toc: bytes) -> dict[str, Any]:
+    """release.json's ``archive.toc`` for the table ``toc``: the installer checks the table against it."""
+    return {"name": assets.toc, "size": len(toc), "sha256": hashlib.sha256(toc).hexdigest()}
+
+
 def source_date_from_env() -> int | None:
     """``$SOURCE_DATE_EPOCH`` (None when unset or empty), checked where it is read: a whole number of
     seconds (ASCII digits only) that every output can carry, from 0 to :data:`LATEST_SOURCE_DATE`. Larger
@@ -147,11 +170,7 @@ def release_stage(
     glibc = (floor or {}).get("glibc")
 
     def build(tmp: Path) -> Mapping[str, Any]:
-        parts, size, digest, toc, tar_sha256 = write_archive(
-            root.path, tmp, assets.stem, part_size=options.part_size, level=options.level
-        )
-        (tmp / assets.partcount).write_text(f"{len(parts):02d}")
-        (tmp / assets.toc).write_bytes(toc)
+        archive = archive_assets(root.path, tmp, assets, part_size=options.part_size, level=options.level)
         artifact_hashes = {
             role: lock.roles[role] for role in ("python", "vllm-sdist", "rocm-sdist") if role in lock.roles
         }
@@ -160,7 +179,6 @@ def release_stage(
         (tmp / assets.sbom).write_bytes(
             build_sbom(tag, Layout(root.path, minor).site, versions, wheel_hashes, artifact_hashes, date=date)
         )
-        part_entries = [{"name": p.path.name, "size": p.size, "sha256": p.sha256} for p in parts]
         release = {
             "tag": tag,
             "target": target,
@@ -169,26 +187,17 @@ def release_stage(
             "vllm_build": dict(vllm_build or {}),
             "lock_sha256": lock_hash,
             "source_date_epoch": date,
-            "archive": {
-                "size": size,
-                "sha256": digest,
-                "tar_sha256": tar_sha256,
-                "format": "tar+gzip",
-                "level": options.level,
-                "archiver": archiver(),
-                "parts": part_entries,
-                "toc": {"name": assets.toc, "size": len(toc), "sha256": hashlib.sha256(toc).hexdigest()},
-            },
+            "archive": archive,
             "qualification": {"tier0": {"passed": all(tier0.values()), "checks": dict(tier0)}},
         } | ({"floor": dict(floor)} if floor else {})
         (tmp / RELEASE_JSON).write_bytes(dump_json(release))
-        checksums = {p.path.name: p.sha256 for p in parts}
+        checksums = {part["name"]: part["sha256"] for part in archive["parts"]}
         pins = backend_versions(tag, target, options.repo, checksums, glibc)
         (tmp / BACKEND_VERSIONS).write_bytes(dump_json(pins))
         write_sha256sums(tmp)
         for asset in tmp.iterdir():  # the same modes whatever the umask
             asset.chmod(0o644)
         tmp.chmod(0o755)
-        return {"tag": tag, "parts": len(parts), "size": size}
+        return {"tag": tag, "parts": len(archive["parts"]), "size": archive["size"]}
 
     return run_stage(bundles_dir / tag, "release", STAGE_VERSION, inputs, build, force=force)
