@@ -5,6 +5,7 @@ the previous install intact."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import json
@@ -88,6 +89,17 @@ def tree_with_times(root: Path) -> dict[str, tuple[str, int]]:
     }
 
 
+@functools.cache
+def _expected(installed_new: Path) -> dict[str, tuple[str, int]]:
+    return tree_with_times(installed_new)
+
+
+def expected_tree(releases: Releases) -> dict[str, tuple[str, int]]:
+    """:func:`tree_with_times` of the full install of the new release, the tree every delta must give:
+    read once per module (the install is the module's and no test changes it), not once per test."""
+    return dict(_expected(releases.installed_new))  # a copy: tests pop from it
+
+
 def release_files(root: Path) -> dict[str, tuple[str, int]]:
     """:func:`tree_with_times` without the installer's own files (they name the tag installed)."""
     return {name: found for name, found in tree_with_times(root).items() if name not in INSTALLERS_OWN}
@@ -132,7 +144,7 @@ def test_an_update_fetches_only_what_changed_and_installs_what_a_full_install_do
     total = archive_size(releases.new_dir)
     moved = sum(size for _, size in fetched)
     assert moved < 0.05 * total, f"{moved} of {total} bytes fetched for one changed library and one file"
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new), "what a full install gives"
+    assert tree_with_times(dest) == expected_tree(releases), "what a full install gives"
     assert (dest / KEPT_TOC).read_bytes() == (releases.new_dir / ASSETS.toc).read_bytes()
     assert (dest / "version.txt").read_text() == TAG
     chunks = tmp_path / "cache" / "chunks"
@@ -145,7 +157,7 @@ def test_no_delta_downloads_the_whole_release(releases: Releases, upstream: Upst
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delta:" not in result.stdout and "delta from" not in result.stdout
     assert all(header is None for header, _ in part_requests(upstream))
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_a_file_changed_in_the_previous_install_is_fetched_not_copied(
@@ -159,7 +171,7 @@ def test_a_file_changed_in_the_previous_install_is_fetched_not_copied(
     result = install(releases.new, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delta from" in result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_a_cut_range_is_resumed_from_the_member_it_stopped_at(
@@ -178,7 +190,7 @@ def test_a_cut_range_is_resumed_from_the_member_it_stopped_at(
     cut = [header for header, size in requests if size == 2000]
     assert cut, f"a Range answer was cut: {requests}"
     assert len(requests) > len(cut), "and asked again"
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_the_tree_is_written_while_what_changed_is_fetched(
@@ -206,7 +218,7 @@ def test_the_tree_is_written_while_what_changed_is_fetched(
     assert held, "the update asked for what changed before the tree was written"
     assert written, "no re-used file was written while every Range answer was held back"
     assert "delta from" in result.stdout and all(header is not None for header, _ in part_requests(upstream))
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 # -- where a delta cannot be done: the whole release ---------------------------------------------------
@@ -231,7 +243,7 @@ def test_a_server_that_does_not_answer_the_range_gets_the_full_download(
     result = install(releases.new, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
     assert why in line
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_an_unrelated_previous_install_gets_the_full_download(
@@ -247,7 +259,7 @@ def test_an_unrelated_previous_install_gets_the_full_download(
     result = install(releases.new, tmp_path / "vllm", tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "(more than half); downloading the whole release" in result.stdout
-    assert tree_with_times(tmp_path / "vllm") == tree_with_times(releases.installed_new)
+    assert tree_with_times(tmp_path / "vllm") == expected_tree(releases)
 
 
 def test_a_previous_install_without_a_table_gets_the_full_download(
@@ -258,7 +270,7 @@ def test_a_previous_install_without_a_table_gets_the_full_download(
     result = install(releases.new, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "keeps no table of contents" in result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 # -- hostile tables and parts ------------------------------------------------------------------------
@@ -321,7 +333,7 @@ def test_a_table_that_does_not_describe_the_parts_gets_the_full_download(
     result = install(url, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
     assert "is not the tar stream of the release's parts" in line, line
-    installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
+    installed, expected = tree_with_times(dest), expected_tree(releases)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
     assert installed == expected
 
@@ -350,7 +362,7 @@ def test_a_delta_writes_the_modes_a_full_install_does_whatever_the_table_says(
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delta from" in result.stdout, result.stdout
     assert modes(dest) == modes(releases.installed_new)
-    installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
+    installed, expected = tree_with_times(dest), expected_tree(releases)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC)
     assert installed == expected
 
@@ -392,7 +404,7 @@ def test_a_table_that_lies_gets_the_full_download(
     result = install(url, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
     assert why in line
-    installed, expected = tree_with_times(dest), tree_with_times(releases.installed_new)
+    installed, expected = tree_with_times(dest), expected_tree(releases)
     assert installed.pop(KEPT_TOC) != expected.pop(KEPT_TOC), "the table kept is the one released (a hint only)"
     assert installed == expected
     assert not (tmp_path / "escaped").exists() and not (dest.parent / "escaped").exists()
@@ -414,7 +426,7 @@ def test_a_chunk_claimed_from_a_file_the_previous_install_lacks_is_fetched(
     result = install(releases.new, dest, tmp_path / "cache")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delta from" in result.stdout and "downloading the whole release" not in result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_a_part_replaced_under_the_same_name_is_refused_with_the_previous_install_intact(
@@ -454,7 +466,7 @@ def test_a_chunk_fetched_while_assembling_is_shown_on_a_terminal(releases: Relea
         assert install_release(release, dest, fetcher, policy, said.append)
     assert any(line.startswith(f"delta from {OLD_TAG}") for line in said), said
     assert "fetch a changed chunk" in screen.getvalue()
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_a_chunk_cache_that_is_a_link_is_refused_in_one_line(
@@ -511,7 +523,7 @@ def test_fifos_loops_and_links_out_in_the_previous_install_are_fetched_not_read(
     result = install(releases.new, dest, tmp_path / "cache", timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "delta from" in result.stdout and "downloading the whole release" not in result.stdout, result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 def test_a_fifo_for_the_kept_table_gets_the_full_download_in_one_line(
@@ -523,7 +535,7 @@ def test_a_fifo_for_the_kept_table_gets_the_full_download_in_one_line(
     result = install(releases.new, dest, tmp_path / "cache", timeout=60)
     line = why_the_whole_release(result)
     assert "not a regular file" in line, line
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 # -- a server that drips, Ctrl-C, a full disk (#51 F2, F8) ---------------------------------------------
@@ -545,7 +557,7 @@ def test_range_answers_that_drip_get_the_full_download(
     result = install(releases.new, dest, tmp_path / "cache", "--read-timeout", "2", "--retries", "2", timeout=150)
     line = why_the_whole_release(result)
     assert "cut off 2 times" in line and "did not arrive whole within" in line, line
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
     chunks = tmp_path / "cache" / "chunks"
     assert not chunks.exists() or not any(chunks.iterdir()), "what the delta fetched is not kept"
 
@@ -633,7 +645,7 @@ def test_files_changed_since_count_towards_more_than_half(
     result = install(releases.new, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
     assert "more than half of the archive changed after all" in line, line
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
     chunks = tmp_path / "cache" / "chunks"
     assert not chunks.exists() or not any(chunks.iterdir()), "what the delta fetched is not kept, nor its folders"
 
@@ -649,7 +661,7 @@ def test_a_range_redirected_to_plain_http_gets_the_full_download(
     result = install(releases.new, dest, tmp_path / "cache")
     line = why_the_whole_release(result)
     assert "refusing to download http://192.0.2.1/part" in line, line
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
 
 
 @pytest.mark.parametrize("value", ["0" * 63, 7, None], ids=["short", "number", "missing"])
@@ -715,7 +727,7 @@ def test_an_update_keeps_every_unchanged_file_as_a_link_and_writes_only_what_cha
     assert releases.changed in old and releases.changed in new and releases.changed not in same
     result = install(releases.new, dest, tmp_path / "cache")
     assert kept(result) == len(same) > 0.9 * len(new), result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new), "what a full install gives"
+    assert tree_with_times(dest) == expected_tree(releases), "what a full install gives"
 
 
 def _touched(dest: Path) -> Path:
@@ -750,7 +762,7 @@ def test_a_file_whose_metadata_differs_is_written_not_linked(
     expected = kept(install(releases.new, previous(releases, tmp_path / "plain"), tmp_path / "plain-cache"))
     result = install(releases.new, dest, tmp_path / "cache")
     assert kept(result) == expected - 1, result.stdout
-    assert tree_with_times(dest) == tree_with_times(releases.installed_new)
+    assert tree_with_times(dest) == expected_tree(releases)
     assert (dest / "bin" / "vllm-server").stat().st_nlink == 1
     if change is _linked_from_outside:
         assert (dest.parent / "outside").stat().st_nlink == 1, "the new install shares nothing with it"

@@ -366,6 +366,8 @@ def test_killing_a_server_kills_no_process_of_another_server_or_of_its_caller(
     other.send_signal(signal.SIGKILL)
     other.wait()
     assert _alive_after(other_pids, 2.0) == []
+    callers.kill()
+    callers.wait()  # a Popen left running is a ResourceWarning, an error under filterwarnings = error
 
 
 def test_the_reaper_kills_only_the_carriers_of_its_token(reaped: list[int]) -> None:
@@ -387,6 +389,9 @@ def test_the_reaper_kills_only_the_carriers_of_its_token(reaped: list[int]) -> N
         "a prefix of it",
         "none",
     ]
+    for process in started.values():
+        process.kill()
+        process.wait()
 
 
 def test_a_server_that_cannot_start_its_reaper_says_so_in_one_line_and_starts() -> None:
