@@ -376,11 +376,17 @@ BAD_MANIFESTS = [
     (_edit(("checksums", "github"), []), "checksums.github is an array"),
     (_edit(("checksums", "github", TEST_REPO), [TAG]), f"checksums.github.{TEST_REPO} is an array"),
     (_edit(("checksums", "github", TEST_REPO, TAG), PART), f"checksums.github.{TEST_REPO}.{TAG} is a string"),
-    (_edit(("checksums", "github", TEST_REPO, TAG, PART), 5), f"{TAG}.{PART} is a number, not a string"),
-    (_edit(("checksums", "github", TEST_REPO, TAG, PART), {"sha256": "a"}), f"{PART} is a JSON object, not a"),
-    (_edit(("checksums", "github", TEST_REPO, TAG, PART), "sha256:../../x"), f"{PART} is not a sha256"),
-    (_edit(("checksums", "github", TEST_REPO, TAG, PART), "md5:" + "a" * 32), f"{PART} is not sha256:<hex>"),
-    (_edit(("checksums", "github"), {"no-slash": {}}), "checksums.github names 'no-slash', not <owner>/<name>"),
+    (_edit(("checksums", "github", TEST_REPO, TAG, PART), 5), f"{TAG}.{PART} is a number, not sha256:<64"),
+    (_edit(("checksums", "github", TEST_REPO, TAG, PART), {"sha256": "a"}), f"{PART} is a JSON object, not sha256:"),
+    (
+        _edit(("checksums", "github", TEST_REPO, TAG, PART), "sha256:../../x"),
+        f"{PART} is 'sha256:../../x', not sha256:<64",
+    ),
+    (_edit(("checksums", "github", TEST_REPO, TAG, PART), "md5:" + "a" * 32), f"{PART} is 'md5:aaa"),
+    (
+        _edit(("checksums", "github"), {"no-slash": {}}),
+        "checksums.github names 'no-slash', not a repository's <owner>/<name>",
+    ),
 ]
 
 
@@ -454,8 +460,8 @@ def _fetch_offline(recipes: Path) -> subprocess.CompletedProcess[str]:
         ("size", "123", "artifacts[0].size is a string, not a whole number of bytes"),
         ("size", -1, "artifacts[0].size is -1, not a whole number of bytes"),
         ("size", True, "artifacts[0].size is a boolean"),
-        ("sha256", "../../x", "artifacts[0].sha256 is not a sha256"),
-        ("sha256", 5, "artifacts[0].sha256 is not a sha256"),
+        ("sha256", "../../x", "artifacts[0].sha256 is '../../x', not a sha256"),
+        ("sha256", 5, "artifacts[0].sha256 is an integer, not a sha256"),
         ("name", 5, "artifacts[0].name is an integer, not a string"),
         ("url", ["x"], "artifacts[0].url is an array, not a string"),
         ("filename", "../x.tar.gz", "artifacts[0].filename is '../x.tar.gz', not a file name"),
@@ -498,7 +504,7 @@ def _first_wheel(pylock: dict[str, Any]) -> dict[str, Any]:
         (lambda p: _first_wheel(p).__setitem__("url", 5), "].url is an integer, not a string"),
         (lambda p: _first_wheel(p).__setitem__("name", ["x"]), "].name is an array, not a string"),
         (lambda p: _first_wheel(p).__setitem__("hashes", "x"), "].hashes is a string, not a table"),
-        (lambda p: _first_wheel(p)["hashes"].__setitem__("sha256", "../x"), "].hashes.sha256 is not a sha256"),
+        (lambda p: _first_wheel(p)["hashes"].__setitem__("sha256", "../x"), "].hashes.sha256 is '../x', not a sha256"),
         (lambda p: p.__setitem__("packages", {"a": 1}), "packages is a table, not an array of tables"),
         (lambda p: p["packages"][0].__setitem__("wheels", "x"), "packages[0].wheels is a string, not an array"),
         (lambda p: p["packages"][0].__setitem__("name", 5), "packages[0].name is an integer, not a string"),

@@ -206,16 +206,18 @@ def test_the_tree_is_written_while_what_changed_is_fetched(
     done: list[Any] = []
     installing = threading.Thread(target=lambda: done.append(install(releases.new, dest, tmp_path / "cache")))
     installing.start()
-    deadline, written = time.monotonic() + 45, False  # (the client's read timeout is 60 s)
-    while installing.is_alive() and not written and time.monotonic() < deadline:
-        written = any((d / "bin" / "vllm-server").is_file() for d in tmp_path.glob(".vllm.*"))
+    # Both, while no answer has gone out: which one happens first is the scheduler's choice (on a loaded
+    # machine the file can be written before the fetching thread has sent its first request).
+    deadline, written, held = time.monotonic() + 45, False, 0  # (the client's read timeout is 60 s)
+    while installing.is_alive() and not (written and held) and time.monotonic() < deadline:
+        written = written or any((d / "bin" / "vllm-server").is_file() for d in tmp_path.glob(".vllm.*"))
+        held = len(part_requests(upstream))
         time.sleep(0.02)
-    held = len(part_requests(upstream))
     answers.set()
     installing.join(timeout=300)
     (result,) = done
     assert result.returncode == 0, result.stdout + result.stderr
-    assert held, "the update asked for what changed before the tree was written"
+    assert held, "the update asked for nothing of what changed while the tree was being written"
     assert written, "no re-used file was written while every Range answer was held back"
     assert "delta from" in result.stdout and all(header is not None for header, _ in part_requests(upstream))
     assert tree_with_times(dest) == expected_tree(releases)
@@ -387,7 +389,7 @@ def _lying_release(
 @pytest.mark.parametrize(
     ("lie", "why"),
     [
-        (_beyond_the_archive, "is not a member's"),
+        (_beyond_the_archive, "not a member's offset"),
         (_overlapping, "chunks overlap"),
         (_other_digest, "does not match"),
         (_escaping, "refusing to extract"),

@@ -720,9 +720,9 @@ def test_a_cut_base_layer_download_resumes_where_it_stopped(base_published: Regi
             [('[[layer]]\nname = "vllm"', '[[layer]]\nname = "vllm"\npaths = ["bin"]')],
             "the last [[layer]] must have no",
         ),
-        ([('prefix = "/opt/vllm"', 'prefix = "/"')], "image.prefix: expected an absolute directory other than /"),
+        ([('prefix = "/opt/vllm"', 'prefix = "/"')], "image.prefix is '/', not an absolute directory other than /"),
         ([('reference = "registry.access.redhat.com/', 'reference = "')], "'ubi10/ubi-minimal:latest' is not an image"),
-        ([("[[layer]]", "[[other]]"), ("[base]", "layer = [1]\n[base]")], "layer[1]: expected a table"),
+        ([("[[layer]]", "[[other]]"), ("[base]", "layer = [1]\n[base]")], "layer[0] is an integer, not a table"),
     ],
 )
 def test_a_bad_image_recipe_is_one_line(tmp_path: Path, edits: list[tuple[str, str]], message: str) -> None:

@@ -239,22 +239,22 @@ def _put(doc: dict[str, Any], keys: tuple[str | int, ...], value: object) -> Non
 @pytest.mark.parametrize(
     ("keys", "value", "named"),
     [
-        (("target",), "../../elsewhere", "release.json target"),
-        (("target",), CHOSEN, "release.json target"),
-        (("target",), "gfx9999", "release.json target"),
-        (("target",), ["gfx1151"], "release.json target"),
-        (("tag",), "../../x", "release.json tag"),
-        (("tag",), "a/b", "release.json tag"),
-        (("tag",), "a\x00b", "release.json tag"),
-        (("archive",), [], "release.json archive"),
-        (("archive", "parts", 0), "a part", "release.json archive.parts[0]"),
-        (("archive", "parts", 0, "sha256"), 5, "release.json archive.parts[0].sha256"),
-        (("archive", "parts", 0, "sha256"), "../../x", "release.json archive.parts[0].sha256"),
-        (("archive", "parts", 1, "size"), -1, "release.json archive.parts[1].size"),
-        (("archive", "parts", 1, "size"), "big", "release.json archive.parts[1].size"),
-        (("archive", "parts", 1, "size"), True, "release.json archive.parts[1].size"),
-        (("archive", "sha256"), 5, "release.json archive.sha256"),
-        (("archive", "sha256"), "../../x", "release.json archive.sha256"),
+        (("target",), "../../elsewhere", "release.json: target"),
+        (("target",), CHOSEN, "release.json: target"),
+        (("target",), "gfx9999", "release.json: target"),
+        (("target",), ["gfx1151"], "release.json: target"),
+        (("tag",), "../../x", "release.json: tag"),
+        (("tag",), "a/b", "release.json: tag"),
+        (("tag",), "a\x00b", "release.json: tag"),
+        (("archive",), [], "release.json: archive"),
+        (("archive", "parts", 0), "a part", "release.json: archive.parts[0]"),
+        (("archive", "parts", 0, "sha256"), 5, "release.json: archive.parts[0].sha256"),
+        (("archive", "parts", 0, "sha256"), "../../x", "release.json: archive.parts[0].sha256"),
+        (("archive", "parts", 1, "size"), -1, "release.json: archive.parts[1].size"),
+        (("archive", "parts", 1, "size"), "big", "release.json: archive.parts[1].size"),
+        (("archive", "parts", 1, "size"), True, "release.json: archive.parts[1].size"),
+        (("archive", "sha256"), 5, "release.json: archive.sha256"),
+        (("archive", "sha256"), "../../x", "release.json: archive.sha256"),
     ],
 )
 def test_a_bad_release_json_field_is_one_line_naming_it(
@@ -269,7 +269,7 @@ def test_a_bad_release_json_field_is_one_line_naming_it(
     result = run_cli(
         *("install", assets, "--cache-dir", tmp_path / "cache", "--plain"), env={"XDG_DATA_HOME": str(data)}
     )
-    assert_one_line_error(result, f"{assets / 'release.json'} ", named)
+    assert_one_line_error(result, f"{assets / 'release.json'}: ", named)
     assert {p.name for p in tmp_path.iterdir()} <= {"cache", "release"}, "nothing installed anywhere"
 
 
@@ -322,7 +322,7 @@ def test_a_checksum_naming_a_user_file_touches_nothing_outside_the_cache(built: 
     doc = release_doc(built)
     doc["archive"]["parts"][0].update(sha256="../../victim", size=len(b"precious"))
     from_release = install(release_dir(built, tmp_path / "release", doc), tmp_path / "vllm", cache)
-    assert_one_line_error(from_release, "release.json archive.parts[0].sha256")
+    assert_one_line_error(from_release, "release.json: archive.parts[0].sha256")
     assert {path: path.read_bytes() for path in victims} == victims, "the user's files are untouched"
     assert not (tmp_path / "vllm").exists()
 

@@ -482,3 +482,43 @@ def test_an_index_page_is_refused_at_the_first_file_past_the_most(crowded: str, 
         f"the index page {crowded}/index/torch/ lists more than 5 files: not an index page this tool reads"
         " (check the index URL)"
     )
+
+
+@pytest.mark.parametrize(
+    ("page", "named"),
+    [
+        ({"files": [{"url": "t.whl", "hashes": {}}]}, "files[0].filename is missing"),
+        ({"files": [{"filename": 5, "url": "t.whl"}]}, "files[0].filename is a number, not a string"),
+        ({"files": [{"filename": "t.whl"}]}, "files[0].url is missing"),
+        ({"files": ["t.whl"]}, "files[0] is a string, not a JSON object"),
+        ({"files": {"t.whl": {}}}, "files is a JSON object, not an array of JSON objects"),
+        ({"files": [{"filename": "t.whl", "url": "t.whl", "size": "9"}]}, "files[0].size is a string, not a whole"),
+        ({"files": [{"filename": "t.whl", "url": "t.whl", "hashes": []}]}, "files[0].hashes is an array"),
+        ({"files": [{"filename": "t.whl", "url": "t.whl", "hashes": {"sha256": "../x"}}]}, "hashes.sha256 is '../x'"),
+        ({"files": [{"filename": "t.whl", "url": "t.whl", "upload-time": "noon"}]}, "upload-time is 'noon', not an"),
+        ([], "the document is an array, not a JSON object"),
+    ],
+    ids=[
+        "no-filename",
+        "filename-number",
+        "no-url",
+        "file-string",
+        "files-object",
+        "size",
+        "hashes",
+        "digest",
+        "time",
+        "array",
+    ],
+)
+def test_a_json_index_page_with_a_bad_field_is_one_line_naming_it(crowded: str, page: object, named: str) -> None:
+    """A PEP 691 page is read through the one field reader (util/fields.py): a field that is missing or of
+    the wrong kind is one line naming the page and the field (before: KeyError, ValueError tracebacks)."""
+    from vllm_bundle.errors import InvalidValueError
+    from vllm_bundle.inputs.simple_index import JSON_TYPE, project_files
+
+    _Crowded.page, _Crowded.content_type = json.dumps(page).encode(), JSON_TYPE
+    with make_session(RetryPolicy(attempts=1)) as session, pytest.raises(InvalidValueError) as refused:
+        project_files(session, f"{crowded}/index/", "torch")
+    assert str(refused.value).startswith(f"the index page {crowded}/index/torch/: "), str(refused.value)
+    assert named in str(refused.value) and str(refused.value).endswith("(check the index URL)")

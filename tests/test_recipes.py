@@ -106,7 +106,7 @@ def test_malformed_recipe_names_file_and_key(recipes_dir: Path, file: str, old: 
         load_recipes(recipes_dir)
     assert where in str(caught.value)
     result = run_cli("lock", "--check", "gfx1151", "--recipes", recipes_dir)
-    assert_one_line_error(result, where, "expected")
+    assert_one_line_error(result, "bad recipe ", f"{where} is ", ", not ", "docs/recipes-and-locks.md")
 
 
 def test_invalid_toml_is_one_line(recipes_dir: Path) -> None:

@@ -391,7 +391,7 @@ def test_a_tag_without_its_target_is_refused_in_one_line(tmp_path: Path) -> None
     doc = {"vllm": {"rocm": "v1"}, "checksums": {"github": {TEST_REPO: {"v1": {"a": "sha256:" + "0" * 64}}}}}
     (tmp_path / "hand-made.json").write_text(json.dumps(doc))
     bad = run_cli("merge-manifests", tmp_path / "hand-made.json", "-o", tmp_path / "merged.json")
-    assert_one_line_error(bad, "tag 'v1' does not end in -<target>")
+    assert_one_line_error(bad, "names tag 'v1', not <pin>-<target>")
     assert not (tmp_path / "merged.json").exists()
 
 

@@ -80,7 +80,7 @@ def test_a_bad_toolchain_or_platform_is_one_line(recipes_dir: Path, old: str, ne
     assert old in text
     components.write_text(text.replace(old, new, 1))
     result = run_cli("lock", "--check", "gfx1151", "--recipes", recipes_dir)
-    assert_one_line_error(result, f"components.toml: {where}", "expected")
+    assert_one_line_error(result, "bad recipe components.toml: ", f"{where} is ", ", not ")
 
 
 def test_the_lock_pins_the_toolchain_like_every_wheel(locked: Path, fixture_tree: Fixture) -> None:

@@ -17,8 +17,8 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import ManifestError, UsageError
 from vllm_bundle.runtime.smallfile import read_small_text
+from vllm_bundle.util.fields import Document
 from vllm_bundle.util.fsutil import atomic_write, sha256_file
-from vllm_bundle.util.validate import sha256_hex
 
 RELEASE_JSON = "release.json"
 BACKEND_VERSIONS = "backend_versions.json"
@@ -157,32 +157,6 @@ def backend_versions(
     return doc | ({"glibc": {tag: glibc}} if glibc else {})
 
 
-def json_kind(value: object) -> str:
-    """How a JSON value is called in an error: "a string", "an array", "a JSON object", ..."""
-    if value is None:
-        return "null"
-    kinds: list[tuple[type | tuple[type, ...], str]] = [
-        (bool, "a boolean"),  # before int: a bool is an int in Python
-        ((int, float), "a number"),
-        (str, "a string"),
-        (list, "an array"),
-        (dict, "a JSON object"),
-    ]
-    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
-
-
-def _object(value: object, where: str, field: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ManifestError(f"{where}: {field} is {json_kind(value)}, not a JSON object", BAD_MANIFEST_HINT)
-    return value
-
-
-def _string(value: object, where: str, field: str) -> str:
-    if not isinstance(value, str):
-        raise ManifestError(f"{where}: {field} is {json_kind(value)}, not a string", BAD_MANIFEST_HINT)
-    return value
-
-
 BAD_MANIFEST_HINT = f"use a {BACKEND_VERSIONS} the release stage wrote"
 
 
@@ -190,33 +164,24 @@ def check_backend_versions(doc: object, where: str) -> dict[str, Any]:
     """``doc`` if it is a backend_versions.json every reader can use: each field of the type it must have
     (``vllm.rocm`` and each override a string, every checksum ``sha256:<hex>``), every repository an
     ``owner/name`` and every tag ``<pin>-<target>``; else one line naming ``where`` and the field."""
-    top = _object(doc, where, "the document")
-    for key in ("vllm", "checksums"):
-        if key not in top:
-            raise ManifestError(f"{where}: no {key} (not a {BACKEND_VERSIONS})", BAD_MANIFEST_HINT)
-    vllm = _object(top["vllm"], where, "vllm")
-    if "rocm" not in vllm:
-        raise ManifestError(f"{where}: no vllm.rocm pin (not a {BACKEND_VERSIONS})", BAD_MANIFEST_HINT)
-    _string(vllm["rocm"], where, "vllm.rocm")
-    overrides = _object(vllm.get("rocm_arch_overrides", {}), where, "vllm.rocm_arch_overrides")
-    for target, pin in overrides.items():
-        _string(pin, where, f"vllm.rocm_arch_overrides.{target}")
-    github = _object(_object(top["checksums"], where, "checksums").get("github"), where, "checksums.github")
+    top = Document(where, lambda message: ManifestError(message, BAD_MANIFEST_HINT)).fields(doc)
+    vllm = top.table("vllm")
+    vllm.text("rocm")
+    vllm.table("rocm_arch_overrides", required=False).texts()
+    github = top.table("checksums").table("github")
     for repo, tags in github.items():
         if not is_github_repo(repo):
-            raise ManifestError(f"{where}: checksums.github names {repo!r}, not <owner>/<name>", BAD_MANIFEST_HINT)
-        for tag, assets in _object(tags, where, f"checksums.github.{repo}").items():
+            raise github.problem("", f"names {repo[:80]!r}, not a repository's <owner>/<name>")
+        for tag, assets in tags.items():
             if "-" not in tag:
-                raise ManifestError(f"{where}: tag {tag!r} does not end in -<target>", BAD_MANIFEST_HINT)
-            for name, digest in _object(assets, where, f"checksums.github.{repo}.{tag}").items():
-                field = f"checksums.github.{repo}.{tag}.{name}"
-                if not _string(digest, where, field).startswith("sha256:"):
-                    raise ManifestError(f"{where}: {field} is not sha256:<hex>: {digest[:80]!r}", BAD_MANIFEST_HINT)
-                sha256_hex(digest.removeprefix("sha256:"), f"{where}: {field}")
-    for tag, version in _object(top.get("glibc", {}), where, "glibc").items():
-        if not GLIBC_VERSION.fullmatch(_string(version, where, f"glibc.{tag}")):
-            raise ManifestError(f"{where}: glibc.{tag} is {version[:40]!r}, not a glibc version", BAD_MANIFEST_HINT)
-    return top
+                raise tags.problem("", f"names tag {tag[:80]!r}, not <pin>-<target>")
+            for name in assets:
+                assets.sha256(name, prefix="sha256:")
+    glibc = top.table("glibc", required=False)
+    for tag, version in glibc.texts().items():
+        if not GLIBC_VERSION.fullmatch(version):
+            raise glibc.bad(tag, "a glibc version")
+    return top.data
 
 
 def read_backend_versions(path: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from vllm_bundle.errors import BundleError, RecipeError, UnknownTargetError
+from vllm_bundle.util.fields import TOML, Document, Fields
 
 #: Bumped whenever the meaning of a recipe value or the lock format changes: it is part of the
 #: recipe hash, so every lock made by an older tool shows as out of date.
@@ -39,8 +40,6 @@ LAYOUTS = ("multi-arch", "per-family")
 MANYLINUX_PLATFORM = re.compile(r"^(?P<arch>x86_64|aarch64)-manylinux_(?P<major>[0-9]+)_(?P<minor>[0-9]+)$")
 #: The one C toolchain the bundle knows how to run (the cc wrapper execs ``ziglang/zig cc``).
 TOOLCHAIN_PROJECT = "ziglang"
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -292,60 +291,27 @@ class Recipes:
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-class Table:
-    """A TOML table with the path that leads to it, for ``file: key`` error messages."""
+def _bad_recipe(message: str) -> RecipeError:
+    return RecipeError(
+        f"bad recipe {message}", 'fix that key; docs/recipes-and-locks.md, "The recipes", says what each file holds'
+    )
 
-    def __init__(self, data: Mapping[str, Any], file: str, path: str = "") -> None:
-        self.data, self.file, self.path = data, file, path
 
-    def _where(self, key: str) -> str:
-        return f"{self.file}: {self.path + '.' if self.path else ''}{key}"
+class Table(Fields):
+    """A recipe's table: :class:`Fields` whose errors are one-line RecipeErrors naming the recipe file and
+    the key (``bad recipe targets.toml: targets.gfx1151.isas is ...``), with the checks only recipes need."""
 
-    def fail(self, key: str, expected: str) -> RecipeError:
-        got = self.data.get(key, "<missing>")
-        return RecipeError(f"bad recipe {self._where(key)}: expected {expected}, got {got!r}")
-
-    def get(self, key: str, kind: type[T], expected: str, default: T | None = None) -> T:
-        if key not in self.data and default is not None:
-            return default
-        value = self.data.get(key)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.fail(key, expected)
-        return value
-
-    def text(self, key: str, default: str | None = None) -> str:
-        value = self.get(key, str, "a string", default)
-        if not value and default is None:
-            raise self.fail(key, "a non-empty string")
-        return value
-
-    def strings(self, key: str, default: tuple[str, ...] | None = None) -> tuple[str, ...]:
-        if key not in self.data and default is not None:
-            return default
-        value = self.data.get(key)
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(key, "a non-empty list of strings")
-        return tuple(value)
-
-    def number(self, key: str) -> float:
-        value = self.data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.fail(key, "a positive number")
-        return float(value)
-
-    def table(self, key: str) -> Table:
-        sub = self.get(key, dict, "a table")
-        return Table(sub, self.file, f"{self.path + '.' if self.path else ''}{key}")
-
-    def items(self) -> list[tuple[str, Table]]:
-        return [(key, self.table(key)) for key in self.data]
+    @classmethod
+    def of(cls, data: object, file: str) -> Table:
+        """The top table of the recipe file ``file`` (its name in messages)."""
+        return cls(Document(file, _bad_recipe, TOML), data, "")
 
     def specifier(self, key: str) -> str:
-        value = self.get(key, str, "a PEP 440 version specifier (may be empty)")
+        value = self.value(key, str, "a PEP 440 version specifier (may be empty)")
         try:
             SpecifierSet(value)
         except InvalidSpecifier:
-            raise self.fail(key, "a PEP 440 version specifier such as '>=7.10' (may be empty)") from None
+            raise self.bad(key, "a PEP 440 version specifier such as '>=7.10' (may be empty)") from None
         return value
 
     def version(self, key: str) -> str:
@@ -353,7 +319,7 @@ class Table:
         try:
             Version(value)
         except InvalidVersion:
-            raise self.fail(key, "a PEP 440 version such as '0.33.0'") from None
+            raise self.bad(key, "a PEP 440 version such as '0.33.0'") from None
         return value
 
 
@@ -388,7 +354,7 @@ def _parse_size_budget(doc: Table) -> SizeBudget:
     entry = doc.table("size-budget")
     margin = entry.number("margin")
     if margin < 1:
-        raise entry.fail("margin", "a number of at least 1 (the share of the installer's limit a bundle may use)")
+        raise entry.bad("margin", "a number of at least 1 (the share of the installer's limit a bundle may use)")
     return SizeBudget(entry.number("tar-time-limit-s"), entry.number("extract-rate-mb-s"), margin)
 
 
@@ -399,7 +365,7 @@ def _parse_targets(doc: Table) -> dict[str, Target]:
         isas = entry.strings("isas")
         for isa in isas:
             if not isa.startswith("gfx"):
-                raise entry.fail("isas", "ISA names such as 'gfx1151'")
+                raise entry.bad("isas", "ISA names such as 'gfx1151'")
         targets[name] = Target(
             name=name,
             description=entry.text("description", ""),
@@ -408,7 +374,7 @@ def _parse_targets(doc: Table) -> dict[str, Target]:
             size_budget=budget,
         )
     if not targets:
-        raise doc.fail("targets", "at least one [targets.<name>] table")
+        raise doc.bad("targets", "at least one [targets.<name>] table")
     return targets
 
 
@@ -417,7 +383,7 @@ def _parse_channels(doc: Table, components: tuple[str, ...]) -> dict[str, Channe
     for name, entry in doc.table("channels").items():
         layout = entry.text("therock-layout")
         if layout not in LAYOUTS:
-            raise entry.fail("therock-layout", " or ".join(repr(v) for v in LAYOUTS))
+            raise entry.bad("therock-layout", " or ".join(repr(v) for v in LAYOUTS))
         versions = entry.table("versions")
         for component in components:
             versions.specifier(component)
@@ -442,10 +408,10 @@ def _parse_python(doc: Table) -> PythonRecipe:
     version = python.version("version")
     release = python.text("release")
     if not (release.isdigit() and len(release) == 8):
-        raise python.fail("release", "a python-build-standalone release date YYYYMMDD")
+        raise python.bad("release", "a python-build-standalone release date YYYYMMDD")
     platform = python.text("platform")
     if not MANYLINUX_PLATFORM.match(platform):
-        raise python.fail("platform", "a manylinux platform such as 'x86_64-manylinux_2_35'")
+        raise python.bad("platform", "a manylinux platform such as 'x86_64-manylinux_2_35'")
     return PythonRecipe(
         version=version,
         release=release,
@@ -483,7 +449,7 @@ def _parse_toolchain(doc: Table) -> Toolchain:
     try:
         requirement = Requirement(line)
     except InvalidRequirement:
-        raise table.fail("c", expected) from None
+        raise table.bad("c", expected) from None
     specifiers = list(requirement.specifier)
     if (
         canonicalize_name(requirement.name) != TOOLCHAIN_PROJECT
@@ -494,18 +460,16 @@ def _parse_toolchain(doc: Table) -> Toolchain:
         or specifiers[0].operator != "=="
         or "*" in specifiers[0].version
     ):
-        raise table.fail("c", expected)
+        raise table.bad("c", expected)
     return Toolchain(line)
 
 
 def _parse_attention(vllm: Table) -> tuple[AttentionRule, ...]:
-    entries = vllm.get("attention", list, "a list of [[vllm.attention]] tables")
     rules = []
-    for index, entry in enumerate(entries):
-        table = Table(entry, vllm.file, f"{vllm.path}.attention[{index}]")
+    for table in vllm.tables("attention"):
         flag, env = table.data.get("flag"), table.data.get("env")
         if (flag is None) == (env is None):
-            raise table.fail("flag", "exactly one of flag = '--...' or env = 'NAME'")
+            raise table.bad("flag", "exactly one of flag = '--...' or env = 'NAME'")
         rules.append(
             AttentionRule(
                 SpecifierSet(table.specifier("versions")),
@@ -519,26 +483,22 @@ def _parse_attention(vllm: Table) -> tuple[AttentionRule, ...]:
 
 def load_targets(root: Path) -> dict[str, Target]:
     """Only ``targets.toml``: all an installer needs (the ISA -> target table)."""
-    return _parse_targets(Table(read_toml(root / TARGETS_FILE), TARGETS_FILE))
+    return _parse_targets(Table.of(read_toml(root / TARGETS_FILE), TARGETS_FILE))
 
 
 def _parse_servers(vllm: Table) -> tuple[ServerRule, ...]:
-    entries = vllm.get("server", list, "a list of [[vllm.server]] tables")
     rules = []
-    for index, entry in enumerate(entries):
-        table = Table(entry, vllm.file, f"{vllm.path}.server[{index}]")
+    for table in vllm.tables("server"):
         rules.append(ServerRule(SpecifierSet(table.specifier("versions")), table.strings("command")))
     return tuple(rules)
 
 
 def _parse_extensions(vllm: Table) -> tuple[ExtensionRule, ...]:
-    entries = vllm.get("extensions", list, "a list of [[vllm.extensions]] tables")
     rules = []
-    for index, entry in enumerate(entries):
-        table = Table(entry, vllm.file, f"{vllm.path}.extensions[{index}]")
+    for table in vllm.tables("extensions"):
         names, device_code = table.strings("names"), table.strings("device-code")
         if not set(device_code) <= set(names):
-            raise table.fail("device-code", "names listed in `names`")
+            raise table.bad("device-code", "names listed in `names`")
         rules.append(ExtensionRule(SpecifierSet(table.specifier("versions")), names, device_code))
     return tuple(rules)
 
@@ -549,7 +509,7 @@ BUILD_TYPES = ("Release", "RelWithDebInfo", "Debug")  # what vLLM's envs.py acce
 def _build_type(vllm: Table) -> str:
     value = vllm.text("cmake-build-type")
     if value not in BUILD_TYPES:
-        raise vllm.fail("cmake-build-type", " or ".join(repr(v) for v in BUILD_TYPES))
+        raise vllm.bad("cmake-build-type", " or ".join(repr(v) for v in BUILD_TYPES))
     return value
 
 
@@ -557,21 +517,21 @@ def _parse_triton_kernels(vllm: Table) -> TritonKernels:
     table = vllm.table("triton-kernels")
     url, filename = table.text("url"), table.text("filename")
     if "{commit}" not in url or "{commit}" not in filename:
-        raise table.fail("url", "an URL and a file name with {commit} (and {owner}, {repo} as needed)")
+        raise table.bad("url", "an URL and a file name with {commit} (and {owner}, {repo} as needed)")
     repository = table.text("triton-repository")
     if repository.count("/") != 1 or not all(repository.split("/")):
-        raise table.fail("triton-repository", "a GitHub repository as owner/name, such as 'ROCm/triton'")
+        raise table.bad("triton-repository", "a GitHub repository as owner/name, such as 'ROCm/triton'")
     return TritonKernels(url, filename, table.text("package"), repository)
 
 
 def load_launcher_defaults(root: Path) -> dict[str, str]:
     """launcher.toml's ``[defaults]``: each a variable name and a value safe in sh without quotes."""
-    defaults = Table(read_toml(root / LAUNCHER_FILE), LAUNCHER_FILE).table("defaults")
+    defaults = Table.of(read_toml(root / LAUNCHER_FILE), LAUNCHER_FILE).table("defaults")
     found = {}
     for name in defaults.data:
-        value = defaults.get(name, str, "a string")
+        value = defaults.value(name, str, "a string")
         if not ENV_NAME.match(name) or not ENV_VALUE.match(value):
-            raise defaults.fail(name, "a variable name and a value of letters, digits and _.,:/+=@%-")
+            raise defaults.bad(name, "a variable name and a value of letters, digits and _.,:/+=@%-")
         found[name] = value
     return found
 
@@ -581,16 +541,16 @@ def load_recipes(root: Path) -> Recipes:
     if not root.is_dir():
         raise RecipeError(f"no recipes directory at {root}", "pass --recipes DIR")
     raw = {name: read_toml(root / name) for name in (TARGETS_FILE, CHANNELS_FILE, COMPONENTS_FILE)}
-    components = Table(raw[COMPONENTS_FILE], COMPONENTS_FILE)
+    components = Table.of(raw[COMPONENTS_FILE], COMPONENTS_FILE)
     pinned = components.table("wheels")
     component_requirements = {name: pinned.strings(name) for name in pinned.data}
     vllm = components.table("vllm")
-    targets_doc = Table(raw[TARGETS_FILE], TARGETS_FILE)
+    targets_doc = Table.of(raw[TARGETS_FILE], TARGETS_FILE)
     return Recipes(
         root=root,
         targets=_parse_targets(targets_doc),
         device_packages=_parse_device_packages(targets_doc),
-        channels=_parse_channels(Table(raw[CHANNELS_FILE], CHANNELS_FILE), ("rocm", *pinned.data)),
+        channels=_parse_channels(Table.of(raw[CHANNELS_FILE], CHANNELS_FILE), ("rocm", *pinned.data)),
         python=_parse_python(components),
         component_requirements=component_requirements,
         vllm=VllmRecipe(

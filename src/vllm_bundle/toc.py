@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from vllm_bundle.util.validate import SHA256_HEX
+from vllm_bundle.util.fields import Document, Fields
 
 FORMAT = "vllm-bundle-toc"
 VERSION = 1
@@ -170,11 +170,11 @@ def parse(data: bytes, archive_size: int | None = None) -> Toc:
         raise BadToc(f"it is not gzip'd JSON ({err})") from None
     if not isinstance(doc, dict) or doc.get("format", FORMAT) != FORMAT or doc.get("version") != VERSION:
         raise BadToc(f"it is not a {FORMAT} version {VERSION} table of contents")
-    if not isinstance(doc.get("entries"), list):
-        raise BadToc("entries is not an array")
-    reader = _Reader(_members(doc, archive_size))
-    for number, raw in enumerate(doc["entries"]):
-        reader.add(raw, number)
+    table = _TABLE.fields(doc)
+    entries = table.tables("entries")
+    reader = _Reader(_members(table, archive_size))
+    for entry in entries:
+        reader.add(entry)
     return Toc(reader.finish(), reader.members)
 
 
@@ -190,36 +190,20 @@ def _inflated(data: bytes) -> bytes:
     return bytes(text)
 
 
-def _int(value: object, what: str, least: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise BadToc(f"{what} is {str(value)[:40]!r}, not a whole number >= {least}")
-    return value
+#: The table's fields: each bad one a BadToc naming it (``entries[3].mode is ...``); the installer's
+#: message names the table.
+_TABLE = Document("", BadToc)
 
 
-def _text(value: object, what: str) -> str:
-    if not isinstance(value, str) or "\0" in value:
-        raise BadToc(f"{what} is not a string")
-    return value
-
-
-def _digest(value: object, what: str) -> str:
-    text = _text(value, what)
-    if not text.startswith(SHA256_PREFIX) or not SHA256_HEX.fullmatch(text.removeprefix(SHA256_PREFIX)):
-        raise BadToc(f"{what} is not {SHA256_PREFIX}<64 lowercase hex digits>")
-    return text.removeprefix(SHA256_PREFIX)
-
-
-def _members(doc: dict[str, Any], archive_size: int | None) -> list[Member]:
+def _members(doc: Fields, archive_size: int | None) -> list[Member]:
     """The members, back to back from the archive's start; when ``archive_size`` is given, to its end."""
-    rows = doc.get("members")
-    if not isinstance(rows, list):
-        raise BadToc("members is not an array")
     members: list[Member] = []
     end = 0
-    for number, row in enumerate(rows):
+    for number, row in enumerate(doc.array("members")):
         if not isinstance(row, list) or len(row) != 3:
             raise BadToc(f"members[{number}] is not [offset, size, inflated size]")
-        member = Member(*(_int(value, f"members[{number}]") for value in row))
+        named = Fields(_TABLE, dict(zip(Member._fields, row, strict=True)), f"members[{number}]")
+        member = Member(*(named.whole(field) for field in Member._fields))
         if member.offset != end or member.size == 0 or member.inflated > MAX_MEMBER:
             raise BadToc(f"members[{number}] is not the member after the one before it, or too large")
         members.append(member)
@@ -239,19 +223,17 @@ class _Reader:
         self.pending: dict[str, Any] | None = None
         self.chunks: list[Chunk] = []
 
-    def _chunk(self, raw: dict[str, Any], where: str) -> Chunk:
-        member = self.at_offset.get(_int(raw.get("offset"), f"{where} offset"))
+    def _chunk(self, raw: Fields) -> Chunk:
+        member = self.at_offset.get(raw.whole("offset"))
         if member is None:
-            raise BadToc(f"{where} offset is not a member's")
-        inner = _int(raw.get("innerOffset"), f"{where} innerOffset")
-        size = _int(raw.get("chunkSize"), f"{where} chunkSize", least=1)
-        at = _int(raw.get("chunkOffset", 0), f"{where} chunkOffset")
+            raise raw.bad("offset", "a member's offset")
+        inner, size, at = raw.whole("innerOffset"), raw.whole("chunkSize", least=1), raw.whole("chunkOffset", 0)
         if inner + size > self.members[member].inflated:
-            raise BadToc(f"{where} lies outside its member")
+            raise BadToc(f"{raw.path} lies outside its member")
         expected = self.chunks[-1].at + self.chunks[-1].size if self.chunks else 0
         if at != expected:
-            raise BadToc(f"{where} starts at byte {at} of its file, not {expected}: chunks overlap or leave a gap")
-        return Chunk(member, inner, at, size, _digest(raw.get("chunkDigest"), f"{where} chunkDigest"))
+            raise BadToc(f"{raw.path} starts at byte {at} of its file, not {expected}: chunks overlap or leave a gap")
+        return Chunk(member, inner, at, size, raw.sha256("chunkDigest", prefix=SHA256_PREFIX))
 
     def _close(self) -> None:
         raw = self.pending
@@ -264,27 +246,25 @@ class _Reader:
         self.entries.append(Entry(raw["name"], raw["type"], raw["mode"], raw.get("size", 0), link, tuple(self.chunks)))
         self.pending, self.chunks = None, []
 
-    def add(self, raw: object, number: int) -> None:
-        where = f"entries[{number}]"
-        if not isinstance(raw, dict):
-            raise BadToc(f"{where} is not an object")
+    def add(self, entry: Fields) -> None:
+        raw = entry.data
         kind = raw.get("type")
         if kind == "chunk":
             if self.pending is None or self.pending["type"] != "reg" or raw.get("name") != self.pending["name"]:
-                raise BadToc(f"{where} is a chunk of no file before it")
-            self.chunks.append(self._chunk(raw, where))
+                raise BadToc(f"{entry.path} is a chunk of no file before it")
+            self.chunks.append(self._chunk(entry))
             return
         self._close()
         if kind not in KINDS:
-            raise BadToc(f"{where} has type {str(kind)[:20]!r}")
-        _text(raw.get("name"), f"{where} name")
-        raw["mode"] = _int(raw.get("mode"), f"{where} mode")
+            raise entry.bad("type", " or ".join(KINDS))
+        entry.text("name")
+        raw["mode"] = entry.whole("mode")
         if kind == "reg":
-            raw["size"] = _int(raw.get("size"), f"{where} size")
+            raw["size"] = entry.whole("size")
             if "chunkDigest" in raw:
-                self.chunks.append(self._chunk(raw, where))
+                self.chunks.append(self._chunk(entry))
         elif kind in ("symlink", "hardlink"):
-            _text(raw.get("linkName"), f"{where} linkName")
+            entry.text("linkName")
         self.pending = raw
 
     def finish(self) -> list[Entry]:

@@ -26,14 +26,15 @@ from packaging.pylock import PackageWheel, Pylock, PylockSelectError, PylockVali
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from vllm_bundle.errors import BundleError, LockError, LockMissingError
+from vllm_bundle.errors import LockError, LockMissingError
 from vllm_bundle.recipes import read_toml
 from vllm_bundle.util.fetch import Artifact
-from vllm_bundle.util.validate import sha256_hex
+from vllm_bundle.util.fields import TOML, Document, Fields
 
 LOCK_VERSION = 4
 BUILD_GROUP = "build"
 BUILD_MARKER = f"'{BUILD_GROUP}' in dependency_groups"
+LOCK_HINT = "re-lock instead of editing lock files by hand"
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
     if doc.get("content-sha256") != content_digest(doc):
         raise LockError(
             f"{lock_path} was edited by hand (its content-sha256 does not match its fields)",
-            "re-lock instead of editing lock files by hand",
+            LOCK_HINT,
         )
     pylock = _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
     pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
@@ -125,12 +126,12 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         raise LockError(
             f"{pylock_path.name} does not match {lock_path.name} (pylock-sha256 differs): "
             "one was edited or replaced alone",
-            "re-lock instead of editing lock files by hand",
+            LOCK_HINT,
         )
-    fields = _Fields(lock_path, doc)
-    entries = [_Fields(lock_path, entry, f"artifacts[{n}]") for n, entry in enumerate(fields.tables("artifacts"))]
+    fields = _lock_document(lock_path).fields(doc)
+    entries = fields.tables("artifacts")
     artifacts = tuple(
-        Artifact(e.text("name"), e.file_name("filename"), e.text("url"), e.sha256("sha256"), e.size("size"))
+        Artifact(e.text("name"), _file_name(e, "filename"), e.text("url"), e.sha256("sha256"), _size(e))
         for e in entries
     )
     lock = Lock(
@@ -138,8 +139,8 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         channel=fields.text("channel"),
         recipe_hash=fields.text("recipe-hash"),
         pylock_sha256=pylock_sha,
-        source_date_epoch=fields.whole("source-date-epoch", "a whole number of seconds"),
-        versions=fields.texts("versions"),
+        source_date_epoch=fields.whole("source-date-epoch", unit="seconds"),
+        versions=fields.table("versions").texts(),
         artifacts=artifacts,
         roles={e.text("role"): a.sha256 for e, a in zip(entries, artifacts, strict=True)},
     )
@@ -147,106 +148,41 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
     try:
         Pylock.from_dict(pylock)
     except PylockValidationError as err:
-        raise LockError(f"{pylock_path}: {err}", "re-lock instead of editing lock files by hand") from None
+        raise LockError(f"{pylock_path}: {err}", LOCK_HINT) from None
     return lock, pylock
 
 
-def toml_kind(value: object) -> str:
-    """How a TOML value is called in an error: "a string", "an array", "a table", ..."""
-    kinds: list[tuple[type | tuple[type, ...], str]] = [
-        (bool, "a boolean"),  # before int: a bool is an int in Python
-        (int, "an integer"),
-        (float, "a float"),
-        (str, "a string"),
-        (list, "an array"),
-        (dict, "a table"),
-    ]
-    return next((name for kind, name in kinds if isinstance(value, kind)), "a date or time")
+def _lock_document(path: Path) -> Document:
+    """A lock file's fields, each checked by type as it is read (the content hash only shows an edit: a
+    lock re-signed after one must still be refused by type), each bad one a one-line LockError."""
+    return Document(str(path), lambda message: LockError(message, LOCK_HINT), TOML)
 
 
-class _Fields:
-    """One table of a lock file whose values are checked as they are read: each bad one is a one-line
-    :class:`LockError` naming the file and the field (``artifacts[2].size``), never a traceback. The
-    content hash only shows an edit; a lock re-signed after one must still be refused by type."""
+def _size(entry: Fields) -> int | None:
+    """A size in bytes; absent means unknown (a lock records one when the index gives it)."""
+    return entry.whole("size", None, unit="bytes")
 
-    def __init__(self, path: Path, table: object, prefix: str = "") -> None:
-        self.path, self.prefix = path, prefix
-        if not isinstance(table, dict):
-            raise self.error("", f"is {toml_kind(table)}, not a table")
-        self.table: dict[str, Any] = table
 
-    def error(self, key: str, problem: str) -> LockError:
-        field = ".".join(part for part in (self.prefix, key) if part)
-        return LockError(f"{self.path}: {field} {problem}", "re-lock instead of editing lock files by hand")
-
-    def value(self, key: str, kind: type, expected: str, *, required: bool = True) -> Any:
-        if key not in self.table:
-            if required:
-                raise self.error(key, "is missing")
-            return None
-        value = self.table[key]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise self.error(key, f"is {toml_kind(value)}, not {expected}")
-        return value
-
-    def text(self, key: str, *, required: bool = True) -> Any:
-        return self.value(key, str, "a string", required=required)
-
-    def texts(self, key: str) -> dict[str, str]:
-        table = _Fields(self.path, self.value(key, dict, "a table"), f"{self.prefix}.{key}".lstrip("."))
-        return {name: table.text(name) for name in table.table}
-
-    def whole(self, key: str, expected: str, *, required: bool = True) -> Any:
-        value = self.value(key, int, expected, required=required)
-        if value is not None and value < 0:
-            raise self.error(key, f"is {value}, not {expected}")
-        return value
-
-    def size(self, key: str) -> int | None:
-        """A size in bytes; absent means unknown (a lock records one when the index gives it)."""
-        value: int | None = self.whole(key, "a whole number of bytes", required=False)
-        return value
-
-    def sha256(self, key: str, *, required: bool = True) -> Any:
-        if key not in self.table and not required:
-            return None
-        field = ".".join(part for part in (self.prefix, key) if part)
-        try:
-            return sha256_hex(self.table.get(key), f"{self.path}: {field}")
-        except BundleError as err:
-            raise LockError(err.message, "re-lock instead of editing lock files by hand") from None
-
-    def file_name(self, key: str) -> str:
-        name: str = self.text(key)
-        if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-            raise self.error(key, f"is {name[:80]!r}, not a file name")
-        return name
-
-    def tables(self, key: str, *, required: bool = True) -> list[Any]:
-        items: list[Any] = self.value(key, list, "an array of tables", required=required) or []
-        for number, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise self.error(f"{key}[{number}]", f"is {toml_kind(item)}, not a table")
-        return items
+def _file_name(entry: Fields, key: str) -> str:
+    name = entry.text(key)
+    if not name or name in (".", "..") or any(c in name for c in "/\\"):
+        raise entry.bad(key, "a file name")
+    return name
 
 
 def check_pylock(pylock: Mapping[str, Any], path: Path) -> None:
     """Every value of a PEP 751 lock that this tool reads, checked by type (one line naming the file and
     field): package names, versions and markers; each wheel's url, name, size and sha256."""
-    doc = _Fields(path, dict(pylock))
-    for number, raw in enumerate(doc.tables("packages", required=False)):
-        package = _Fields(path, raw, f"packages[{number}]")
+    doc = _lock_document(path).fields(dict(pylock))
+    for package in doc.tables("packages", required=False):
         package.text("name")
-        package.text("version", required=False)
-        package.text("marker", required=False)
-        for index, wheel_raw in enumerate(package.tables("wheels", required=False)):
-            wheel = _Fields(path, wheel_raw, f"packages[{number}].wheels[{index}]")
+        package.text("version", None)
+        package.text("marker", None)
+        for wheel in package.tables("wheels", required=False):
             wheel.text("url")
-            wheel.text("name", required=False)
-            wheel.size("size")
-            hashes = wheel.value("hashes", dict, "a table", required=False)
-            if hashes is not None:
-                _Fields(path, hashes, f"{wheel.prefix}.hashes").sha256("sha256", required=False)
+            wheel.text("name", None)
+            _size(wheel)
+            wheel.table("hashes", required=False).sha256("sha256", None)
 
 
 def platform_tags(platform: str) -> list[str]:

@@ -16,8 +16,9 @@ from packaging.utils import canonicalize_name
 
 from vllm_bundle.errors import InvalidValueError, LockError, NetworkError
 from vllm_bundle.util.fetch import UNREACHABLE_HINT
+from vllm_bundle.util.fields import Document, Fields
 from vllm_bundle.util.transport import check_url, describe
-from vllm_bundle.util.validate import sha256_hex
+from vllm_bundle.util.validate import SHA256_HEX, sha256_hex
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 #: What a page that is not there answers: 404 on PyPI and rocm.nightlies.amd.com, 403 on repo.amd.com (an
@@ -82,8 +83,37 @@ def _digest(value: object, page: str, filename: str) -> str | None:
     return sha256_hex(value.lower() if isinstance(value, str) else value, f"the sha256 {page} gives for {filename}")
 
 
-def _epoch(stamp: str | None) -> int | None:
-    return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()) if stamp else None
+def _json_files(page: str, response: requests.Response, most: int) -> list[IndexFile]:
+    """A PEP 691 page's files, each field checked as it is read (a bad one is one line naming the page
+    and the field: ``files[3].url is missing``)."""
+    fields = Document(f"the index page {page}", lambda message: InvalidValueError(message, "check the index URL"))
+    try:
+        doc = fields.fields(response.json())
+    except ValueError as err:  # (requests' JSONDecodeError is one)
+        raise fields.problem("", f"is not JSON ({err})") from None
+    entries = doc.tables("files", required=False)
+    if len(entries) > most:
+        raise _too_many(page, most)
+    return [_json_file(page, entry) for entry in entries]
+
+
+def _json_file(page: str, entry: Fields) -> IndexFile:
+    hashes = entry.table("hashes", required=False)
+    digest = hashes.text("sha256", None)
+    if digest is not None and not SHA256_HEX.fullmatch(digest.lower()):
+        raise hashes.bad("sha256", "a sha256 (64 hex digits)")
+    stamp = entry.text("upload-time", None)
+    try:
+        uploaded = int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()) if stamp else None
+    except ValueError:
+        raise entry.bad("upload-time", "an ISO 8601 time such as 2025-11-20T12:00:00Z") from None
+    return IndexFile(
+        filename=entry.text("filename"),
+        url=urljoin(page, entry.text("url")),
+        sha256=digest.lower() if digest else None,
+        size=entry.whole("size", None, unit="bytes"),
+        upload_time=uploaded,
+    )
 
 
 def project_files(session: requests.Session, index: str, project: str, most: int = MOST_FILES) -> list[IndexFile]:
@@ -104,19 +134,7 @@ def project_files(session: requests.Session, index: str, project: str, most: int
     if response.status_code != 200:
         raise NetworkError(f"the index page {page} answered HTTP {response.status_code}", UNREACHABLE_HINT)
     if response.headers.get("Content-Type", "").startswith(JSON_TYPE):
-        entries = response.json().get("files", [])
-        if len(entries) > most:
-            raise _too_many(page, most)
-        return [
-            IndexFile(
-                filename=entry["filename"],
-                url=urljoin(page, entry["url"]),
-                sha256=_digest(entry.get("hashes", {}).get("sha256"), page, entry["filename"]),
-                size=entry.get("size"),
-                upload_time=_epoch(entry.get("upload-time")),
-            )
-            for entry in entries
-        ]
+        return _json_files(page, response, most)
     parser = _Anchors(page, most)
     parser.feed(response.text)
     files = []

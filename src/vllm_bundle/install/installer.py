@@ -30,7 +30,6 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 import requests
@@ -53,7 +52,6 @@ from vllm_bundle.manifests import (
     MAX_PARTS,
     RELEASE_JSON,
     ReleaseAssets,
-    json_kind,
     pinned_tag,
     read_backend_versions,
 )
@@ -61,6 +59,7 @@ from vllm_bundle.paths import default_recipes
 from vllm_bundle.recipes import load_targets
 from vllm_bundle.runtime.smallfile import NotSmallFile, read_small_bytes
 from vllm_bundle.util.fetch import Artifact, Fetcher
+from vllm_bundle.util.fields import Document, Fields
 from vllm_bundle.util.fsutil import raising_disk_full
 from vllm_bundle.util.locks import held
 from vllm_bundle.util.parts import extract_parts
@@ -68,7 +67,6 @@ from vllm_bundle.util.policy import RetryPolicy
 from vllm_bundle.util.progress import human_size, reported_step
 from vllm_bundle.util.tarstream import stream_sha256
 from vllm_bundle.util.transport import check_url, describe, is_connect_failure, make_session, retrying
-from vllm_bundle.util.validate import sha256_hex
 
 VERSION_FILE = "version.txt"
 MARKER = ".vllm-bundle-install"  # in every install this tool made: the only directories it replaces
@@ -145,101 +143,56 @@ def _as_location(source: str) -> str:
     return source if source.endswith("/") or not urlsplit(source).scheme else source + "/"
 
 
-def _field(doc: dict[str, Any], key: str, where: str) -> object:
-    """``doc[key]``; ``where`` names ``doc`` (its file and field)."""
-    if key not in doc:
-        raise ManifestError(f"{where} has no {key}", BAD_RELEASE_HINT)
-    return doc[key]
+#: What a tag, which names a directory and an URL's path, may be.
+PLAIN_NAME_RULE = "a plain name (letters, digits, '.', '_', '+', '-'; no '/' or '..')"
 
 
-def _object(value: object, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ManifestError(f"{where} is {json_kind(value)}, not a JSON object", BAD_RELEASE_HINT)
-    return value
-
-
-def _string(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise ManifestError(f"{where} is {json_kind(value)}, not a string", BAD_RELEASE_HINT)
-    return value
-
-
-def _size(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ManifestError(f"{where} is {str(value)[:40]!r}, not a size (a whole number >= 0)", BAD_RELEASE_HINT)
-    return value
-
-
-def plain_name(value: object, where: str) -> str:
-    """``value`` if it is one plain name (a tag: letters, digits, ``.``, ``_``, ``+``, ``-``; no ``/``, no
-    ``..``, no NUL); ``where`` names the file and field it came from."""
-    if isinstance(value, str) and PLAIN_NAME.fullmatch(value) and ".." not in value:
-        return value
-    raise ManifestError(
-        f"{where} is not a plain name (letters, digits, '.', '_', '+', '-'; no '/' or '..'): {str(value)[:80]!r}",
-        BAD_RELEASE_HINT,
-    )
-
-
-def _known_target(value: object, targets: Collection[str], where: str) -> str:
-    """A release's target picks the default install directory: it must be a name of the target table."""
-    if isinstance(value, str) and value in targets:
-        return value
-    raise ManifestError(
-        f"{where} is {str(value)[:80]!r}, not a target of this tool ({', '.join(targets)})", BAD_RELEASE_HINT
-    )
+def is_plain_name(value: str) -> bool:
+    """One plain name: no ``/``, no ``..``, no NUL (a tag names a directory and an URL's path)."""
+    return bool(PLAIN_NAME.fullmatch(value)) and ".." not in value
 
 
 def release_from_assets(source: str, policy: RetryPolicy, targets: Collection[str] | None = None) -> Release:
     """A release URL (``.../releases/download/<tag>/``) or directory: its ``release.json`` says it all.
-    ``targets``: the target names its ``target`` may have (default: the packaged target table's)."""
+    ``targets``: the target names its ``target`` may have (default: the packaged target table's), for a
+    release's target picks the default install directory."""
     location = _as_location(source)
     where = location + RELEASE_JSON if urlsplit(location).scheme else str(Path(location) / RELEASE_JSON)
     try:
         loaded = json.loads(_read_asset(location, RELEASE_JSON, policy))
     except ValueError as err:
         raise ManifestError(f"{where} is not a release manifest ({err})", BAD_RELEASE_HINT) from None
-    doc = _object(loaded, where)
-    tag = plain_name(_field(doc, "tag", where), f"{where} tag")
+    doc = Document(where, lambda message: ManifestError(message, BAD_RELEASE_HINT)).fields(loaded)
+    tag = doc.text("tag")
+    if not is_plain_name(tag):
+        raise doc.bad("tag", PLAIN_NAME_RULE)
     known = load_targets(default_recipes()) if targets is None else targets
-    target = _known_target(_field(doc, "target", where), known, f"{where} target")
-    archive = _object(_field(doc, "archive", where), f"{where} archive")
-    parts = _field(archive, "parts", f"{where} archive")
-    if not isinstance(parts, list):
-        raise ManifestError(f"{where} archive.parts is {json_kind(parts)}, not an array", BAD_RELEASE_HINT)
+    target = doc.text("target")
+    if target not in known:
+        raise doc.bad("target", f"a target of this tool ({', '.join(known)})")
+    archive = doc.table("archive")
     checksums, sizes = {}, {}
-    for number, value in enumerate(parts):
-        field = f"{where} archive.parts[{number}]"
-        part = _object(value, field)
-        name = _string(_field(part, "name", field), f"{field}.name")
-        checksums[name] = sha256_hex(_field(part, "sha256", field), f"{field}.sha256")
-        sizes[name] = _size(_field(part, "size", field), f"{field}.size")
-    whole, stream = archive.get("sha256"), archive.get("tar_sha256")
-    archive_sha256 = None if whole is None else sha256_hex(whole, f"{where} archive.sha256")
-    tar_sha256 = None if stream is None else sha256_hex(stream, f"{where} archive.tar_sha256")
+    for part in archive.tables("parts"):
+        name = part.text("name")
+        checksums[name] = part.sha256("sha256")
+        sizes[name] = part.whole("size", unit="bytes")
+    archive_sha256, tar_sha256 = archive.sha256("sha256", None), archive.sha256("tar_sha256", None)
     release = Release(tag, target, location, checksums, sizes, archive_sha256, tar_sha256=tar_sha256)
-    toc = None if "toc" not in archive else _toc_asset(release, _object(archive["toc"], f"{where} archive.toc"), where)
-    floor = _object(doc.get("floor", {}), f"{where} floor")
-    glibc = None if floor.get("glibc") is None else glibc_version(floor["glibc"], f"{where} floor.glibc")
+    toc = _toc_asset(release, archive.table("toc")) if archive.data.get("toc") is not None else None
+    floor = doc.table("floor", required=False)
+    glibc = floor.text("glibc", None)
+    if glibc is not None and not GLIBC_VERSION.fullmatch(glibc):
+        raise floor.bad("glibc", "a glibc version")
     return dataclasses.replace(release, toc=toc, glibc=glibc)
 
 
-def glibc_version(value: object, where: str) -> str:
-    """A manifest's glibc version (``2.35``), else one line naming where it was read."""
-    text = _string(value, where)
-    if not GLIBC_VERSION.fullmatch(text):
-        raise ManifestError(f"{where} is {text[:40]!r}, not a glibc version", BAD_RELEASE_HINT)
-    return text
-
-
-def _toc_asset(release: Release, field: dict[str, Any], where: str) -> Artifact:
+def _toc_asset(release: Release, field: Fields) -> Artifact:
     """release.json's ``archive.toc``: the asset named for the tag (a manifest never chooses a path)."""
-    name = _string(_field(field, "name", f"{where} archive.toc"), f"{where} archive.toc.name")
+    name = field.text("name")
     if name != release.assets.toc:
-        raise ManifestError(f"{where} archive.toc.name is {name[:80]!r}, not {release.assets.toc}", BAD_RELEASE_HINT)
-    sha256 = sha256_hex(_field(field, "sha256", f"{where} archive.toc"), f"{where} archive.toc.sha256")
-    size = _size(_field(field, "size", f"{where} archive.toc"), f"{where} archive.toc.size")
-    return Artifact(name, name, _asset_url(release, name), sha256, size)
+        raise field.bad("name", release.assets.toc)
+    size = field.whole("size", unit="bytes")
+    return Artifact(name, name, _asset_url(release, name), field.sha256("sha256"), size)
 
 
 def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Release:
@@ -250,7 +203,11 @@ def release_from_pins(pins_file: Path, target: str, mirror: str | None) -> Relea
     where = str(pins_file)
     overridden = target in doc["vllm"].get("rocm_arch_overrides", {})
     pin_field = f"vllm.rocm_arch_overrides.{target}" if overridden else "vllm.rocm"
-    tag = plain_name(pinned_tag(doc, target, where), f"{where} {pin_field} (with -{target})")
+    tag = pinned_tag(doc, target, where)
+    if not is_plain_name(tag):
+        raise ManifestError(
+            f"{where}: {pin_field} (with -{target}) is {tag[:80]!r}, not {PLAIN_NAME_RULE}", BAD_RELEASE_HINT
+        )
     repos: dict[str, dict[str, dict[str, str]]] = doc["checksums"]["github"]
     found = [(repo, tags[tag]) for repo, tags in repos.items() if tag in tags]
     if not found:

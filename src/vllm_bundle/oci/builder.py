@@ -30,7 +30,7 @@ class BuilderRecipe:
 
 
 def load_builder_recipe(recipes_root: Path) -> BuilderRecipe:
-    doc = Table(read_toml(recipes_root / RECIPE), RECIPE)
+    doc = Table.of(read_toml(recipes_root / RECIPE), RECIPE)
     image, compilers = doc.table("image"), doc.table("compilers")
     try:
         reference = Reference.parse(image.text("reference"))
@@ -40,7 +40,7 @@ def load_builder_recipe(recipes_root: Path) -> BuilderRecipe:
     names = (compilers.text("cc"), compilers.text("cxx"))
     for key, name in zip(("cc", "cxx"), names, strict=True):
         if not name or "/" in name or name != name.strip():
-            raise compilers.fail(key, "a program's name, found on the image's PATH (e.g. g++)")
+            raise compilers.bad(key, "a program's name, found on the image's PATH (e.g. g++)")
     return BuilderRecipe(reference, {"architecture": platform.text("architecture"), "os": platform.text("os")}, names)
 
 

@@ -53,7 +53,7 @@ class ImageRecipe:
 
 def load_image_recipe(recipes_root: Path) -> ImageRecipe:
     path = recipes_root / RECIPE
-    doc = Table(read_toml(path), RECIPE)
+    doc = Table.of(read_toml(path), RECIPE)
     base, image = doc.table("base"), doc.table("image")
     try:
         reference = Reference.parse(base.text("reference"))
@@ -62,7 +62,7 @@ def load_image_recipe(recipes_root: Path) -> ImageRecipe:
     platform = base.table("platform")
     prefix = image.text("prefix")
     if not prefix.startswith("/") or prefix.rstrip("/") in ("", "/") or ".." in prefix.split("/"):
-        raise image.fail("prefix", "an absolute directory other than / (e.g. /opt/vllm)")
+        raise image.bad("prefix", "an absolute directory other than / (e.g. /opt/vllm)")
     env = image.table("env")
     rules = [LayerRule(name, tuple(layer.strings("paths", ()))) for name, layer in _layers(doc)]
     if not rules or rules[-1].patterns:
@@ -79,16 +79,10 @@ def load_image_recipe(recipes_root: Path) -> ImageRecipe:
 
 
 def _layers(doc: Table) -> list[tuple[str, Table]]:
-    raw = doc.data.get("layer")
-    if not isinstance(raw, list) or not raw:
+    layers = doc.tables("layer", required=False)
+    if not layers:
         raise RecipeError(f"{RECIPE}: no [[layer]] tables", "name at least one layer")
-    layers = []
-    for number, item in enumerate(raw, start=1):
-        if not isinstance(item, dict):
-            raise RecipeError(f"bad recipe {RECIPE}: layer[{number}]: expected a table, got {item!r}")
-        layer = Table(item, RECIPE, f"layer[{number}]")
-        layers.append((layer.text("name"), layer))
-    return layers
+    return [(layer.text("name"), layer) for layer in layers]
 
 
 # -- the base image lock ------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def manylinux_libraries(platform: str) -> frozenset[str]:
 
 
 def load_rules(recipes_dir: Path, platform: str, extensions: tuple[ExtensionRule, ...] = ()) -> QualifyRules:
-    rules = Table(read_toml(recipes_dir / QUALIFY_FILE), QUALIFY_FILE)
+    rules = Table.of(read_toml(recipes_dir / QUALIFY_FILE), QUALIFY_FILE)
     optional = rules.table("optional-libraries") if "optional-libraries" in rules.data else None
     return QualifyRules(
         frozenset(rules.strings("system-libraries")) | manylinux_libraries(platform),
