@@ -25,10 +25,11 @@ from tests.upstream.packaging_fixtures import make_wheel
 from tests.upstream.registry import RegistryServer
 from tests.upstream.server import UpstreamServer
 from vllm_bundle.errors import AssembleError, BundleError
-from vllm_bundle.pipeline.build import STAGE_NAMES
+from vllm_bundle.pipeline.build import stage_names
 from vllm_bundle.tree.assemble import install_wheels
 from vllm_bundle.tree.layout import Layout
 from vllm_bundle.tree.python_stage import python_stage
+from vllm_bundle.tree.stage import StageResult
 from vllm_bundle.tree.toolchain import WRAPPER
 from vllm_bundle.util.fsutil import sha256_file
 
@@ -36,7 +37,7 @@ from vllm_bundle.util.fsutil import sha256_file
 #: The stages the tests here run in a build directory: not the image (no --image here), nor the builder's root
 #: file system, which is the download cache's (one for every build; test_builder.py shows it is made whole or
 #: not at all).
-STAGES = [name for name in STAGE_NAMES if name not in ("image", "builder")]
+STAGES = [name for name in stage_names() if name not in ("image", "builder")]
 
 
 def copy_of(built: Path, dest: Path) -> Path:
@@ -123,7 +124,7 @@ def test_second_run_downloads_and_rebuilds_nothing(
     result = bundle_cli(locked, upstream, built, built.parent / "cache", builder=builder_registry)
     assert result.returncode == 0, result.stderr
     assert [line.split()[1:3] for line in result.stdout.splitlines() if line.startswith("stage")] == [
-        [stage, "cached"] for stage in STAGE_NAMES if stage != "image"
+        [stage, "cached"] for stage in stage_names() if stage != "image"
     ], "the builder image's root file system too"
     assert "0 downloaded" in result.stdout
     assert [r for r in upstream.log if r.method == "GET"] == [], "no connection for a cached build"
@@ -187,6 +188,59 @@ def test_force_redoes_one_stage_and_what_follows_it(
         "unknown stage 'nope'",
         "python, site",
     )
+
+
+def _states(out: str) -> dict[str, str]:
+    return {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("stage")}
+
+
+def test_a_new_stage_is_its_function_and_one_row(
+    locked: Path,
+    upstream: UpstreamServer,
+    built: Path,
+    tmp_path: Path,
+    builder_registry: RegistryServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A stage added as docs/building.md says ("Adding a stage"), and nothing else touched: its function
+    (below) and its row in STAGES (the monkeypatch). It runs in order after the release, reads the results
+    before it, gets its own folder (build/<target>/<name>), --force takes its name, the next run finds it
+    cached by its key, and the summary lists it."""
+    from vllm_bundle.cli import main
+    from vllm_bundle.pipeline import build as pipeline
+    from vllm_bundle.tree.stage import run_stage
+
+    def notes(b: pipeline.Build, *, out: Path, force: bool) -> StageResult:
+        release = b.results["release"]
+        text = f"{release.details['tag']} {release.key}\n"
+        return run_stage(
+            out,
+            "notes",
+            1,
+            {"release": release.key},
+            lambda tmp: {"bytes": (tmp / "NOTES").write_text(text)},
+            force=force,
+        )
+
+    monkeypatch.setattr(pipeline, "STAGES", (*pipeline.STAGES, pipeline.Stage("notes", notes)))
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    build = tmp_path / "build"
+    shutil.copytree(built, build, symlinks=True)
+    argv = bundle_args(locked, upstream, build, built.parent / "cache", builder_registry)
+
+    runs = []
+    for extra in ([], [], ["--force", "notes"]):
+        assert main([*argv, *extra]) == 0
+        runs.append(capsys.readouterr().out)
+    first, again, forced = (_states(out) for out in runs)
+    assert (first["notes"], again["notes"], forced["notes"]) == ("built", "cached", "built")
+    before = [name for name in stage_names() if name not in ("image", "notes")]
+    # (the release is made again: this build's --bundles-dir is its own, empty)
+    assert first == {**dict.fromkeys(before, "cached"), "release": "built", "notes": "built"}
+    notes_file = build / "gfx1151" / "notes" / "NOTES"
+    assert notes_file.read_text().startswith("vllm0.33.0-rocm") and "  notes " in runs[0].split("summary")[1]
+    assert list(first) == [*before, "notes"], "in the order of the table"
 
 
 # -- wheels that share a file ---------------------------------------------------------------------------
@@ -327,7 +381,7 @@ def test_unsafe_python_tarball_is_refused(tmp_path: Path, entry: tarfile.TarInfo
     tarball = _tarball(tmp_path / "cpython-evil.tar.gz", entry, b"evil" if entry.size else b"")
     build = tmp_path / "work" / "build"
     with pytest.raises(BundleError) as caught:
-        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, build / "gfx1151" / "python")
+        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, out=build / "gfx1151" / "python")
     assert reason in str(caught.value) and "refusing to extract cpython-evil.tar.gz" in str(caught.value)
     assert not (tmp_path / "vllm-bundle-evil").exists() and not Path("/tmp/vllm-bundle-evil").exists()
     assert not (build / "gfx1151" / "python").exists(), "nothing extracted, nothing marked complete"
@@ -342,13 +396,13 @@ KILLER = textwrap.dedent("""
     import vllm_bundle.tree.stage as stage
     victim = sys.argv[1]
     original = stage.run_stage
-    def run_stage(out, name, version, inputs, build, force=False):
+    def run_stage(out, name, version, inputs, build, *, force=False):
         if name != victim:
-            return original(out, name, version, inputs, build, force)
+            return original(out, name, version, inputs, build, force=force)
         def dying(tmp):
             details = build(tmp)  # the stage's work is done in its temporary directory...
             os.kill(os.getpid(), signal.SIGKILL)  # ...and the process dies before the rename
-        return original(out, name, version, inputs, dying, True)
+        return original(out, name, version, inputs, dying, force=True)
     for module in ("tree.python_stage", "tree.assemble", "tree.vllm_source", "tree.vllm_build", "qualify.tier0",
                    "release.assets"):
         __import__(f"vllm_bundle.{module}")

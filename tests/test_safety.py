@@ -193,7 +193,7 @@ def test_python_stage_refuses_a_symlink_chain_out_of_the_tree(tmp_path: Path, la
     tarball = _tarball(tmp_path / "cpython.tar.gz", [ok, *_symlink_chain("python", landing)])
     build = tmp_path / "build" / "gfx1151"
     with pytest.raises(BundleError, match="refusing to extract"):
-        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, build / "python")
+        python_stage(tarball, sha256_file(tarball), PYTHON_MINOR, out=build / "python")
     assert not landing.exists(), "nothing written outside the stage"
     assert not (build / "python").exists() and not (build / ".python.stage.json").exists()
 
@@ -209,7 +209,7 @@ def test_vllm_source_stage_refuses_a_link_out_of_the_tree(tmp_path: Path, landin
     sdist = _tarball(tmp_path / "vllm-0.33.0.tar.gz", members)
     out = tmp_path / "build" / "gfx1151" / "vllm-src"
     with pytest.raises(BundleError, match="refusing to extract"):
-        prepare_source(sdist, sha256_file(sdist), "0.33.0", REPO / "patches" / "vllm", out, frozenset({"gfx1151"}))
+        prepare_source(sdist, sha256_file(sdist), "0.33.0", REPO / "patches" / "vllm", frozenset({"gfx1151"}), out=out)
     assert not landing.exists() and not (out.parent / "vllm-bundle-escaped").exists()
     assert not out.exists()
 

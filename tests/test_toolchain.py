@@ -287,7 +287,7 @@ def _root_stage(app: Path, out: Path) -> StageResult:
         "gfx1151",
         "template-key",
         out.parent,
-        out,
+        out=out,
         zig_target=TARGET,
     )
 

@@ -73,7 +73,9 @@ def real_source(vllm_sdist: VllmSdists, tmp_path_factory: pytest.TempPathFactory
     """The real vLLM 0.33.0 source release, patched by the vllm-src stage."""
     sdist = vllm_sdist("0.33.0")
     out = tmp_path_factory.mktemp("real-vllm") / "vllm-src"
-    return prepare_source(sdist, sha256_file(sdist), "0.33.0", REPO / "patches" / "vllm", out, RECIPES.all_isas).path
+    return prepare_source(
+        sdist, sha256_file(sdist), "0.33.0", REPO / "patches" / "vllm", RECIPES.all_isas, out=out
+    ).path
 
 
 def cmake_project(source: Path, through: str, dest: Path, close: str = "") -> Path:

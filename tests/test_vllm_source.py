@@ -49,7 +49,7 @@ ISAS = load_recipes(REPO / "recipes").all_isas
 
 def prepare(vllm_sdist: Callable[[str], Path], version: str, out: Path, patches: Path = PATCHES):  # type: ignore[no-untyped-def]
     sdist = vllm_sdist(version)
-    return prepare_source(sdist, sha256_file(sdist), version, patches, out, ISAS)
+    return prepare_source(sdist, sha256_file(sdist), version, patches, ISAS, out=out)
 
 
 @pytest.fixture(scope="module")

@@ -332,17 +332,30 @@ def read_toml(
     """Every TOML file this tool reads (recipes, locks, the facts file, uv's resolutions), as a dict. A
     missing or malformed one is one line: a RecipeError naming the recipe file, or for another kind of
     file the error ``missing()`` or ``invalid(err)`` makes."""
+    return read_toml_and_bytes(path, missing=missing, invalid=invalid)[1]
+
+
+def read_toml_and_bytes(
+    path: Path,
+    *,
+    missing: Callable[[], BundleError] | None = None,
+    invalid: Callable[[tomllib.TOMLDecodeError], BundleError] | None = None,
+) -> tuple[bytes, dict[str, Any]]:
+    """:func:`read_toml`, with the bytes it was parsed from: what a reader hashes must be what it read
+    (a lock's hash in the release, read again an hour of building later, could be another lock's)."""
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
+        data = path.read_bytes()
     except FileNotFoundError:
         if missing is not None:
             raise missing() from None
         raise RecipeError(f"recipe file {path} is missing", "restore it from the repository") from None
-    except tomllib.TOMLDecodeError as err:
+    try:
+        return data, tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        decode = err if isinstance(err, tomllib.TOMLDecodeError) else tomllib.TOMLDecodeError(f"not UTF-8 ({err})")
         if invalid is not None:
-            raise invalid(err) from None
-        raise RecipeError(f"bad recipe {path.name}: not valid TOML: {err}") from None
+            raise invalid(decode) from None
+        raise RecipeError(f"bad recipe {path.name}: not valid TOML: {decode}") from None
 
 
 def _parse_device_packages(doc: Table) -> dict[str, str]:

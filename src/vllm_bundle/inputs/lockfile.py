@@ -27,9 +27,10 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.errors import LockError, LockMissingError
-from vllm_bundle.recipes import read_toml
+from vllm_bundle.recipes import read_toml_and_bytes
 from vllm_bundle.util.fetch import Artifact
 from vllm_bundle.util.fields import TOML, Document, Fields
+from vllm_bundle.util.fsutil import named_bytes_digest
 
 LOCK_VERSION = 4
 BUILD_GROUP = "build"
@@ -47,6 +48,9 @@ class Lock:
     versions: Mapping[str, str]
     artifacts: tuple[Artifact, ...]  # non-wheel inputs, by role
     roles: Mapping[str, str] = field(default_factory=dict)  # role -> sha256
+    #: The two files' names and bytes hashed as read (util/fsutil.py named_bytes_digest): the lock a
+    #: release records is the one its build read. Empty for a lock not read from files (just made).
+    files_sha256: str = ""
 
     def artifact(self, role: str) -> Artifact:
         sha = self.roles.get(role)
@@ -95,8 +99,8 @@ def content_digest(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _load_toml(path: Path, what: str) -> dict[str, Any]:
-    return read_toml(
+def _load_toml(path: Path, what: str) -> tuple[bytes, dict[str, Any]]:
+    return read_toml_and_bytes(
         path,
         missing=lambda: LockMissingError(
             f"no {what} at {path}",
@@ -109,7 +113,7 @@ def _load_toml(path: Path, what: str) -> dict[str, Any]:
 def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[str, Any]]:
     """Read and cross-check both lock files; returns the lock and the parsed pylock."""
     lock_path, pylock_path = lock_paths(locks_dir, channel, target)
-    doc = _load_toml(lock_path, f"lock for {channel}/{target}")
+    lock_bytes, doc = _load_toml(lock_path, f"lock for {channel}/{target}")
     if doc.get("lock-version") != LOCK_VERSION:
         raise LockError(
             f"{lock_path} has lock-version {doc.get('lock-version')!r}, expected {LOCK_VERSION}",
@@ -120,8 +124,8 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
             f"{lock_path} was edited by hand (its content-sha256 does not match its fields)",
             LOCK_HINT,
         )
-    pylock = _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
-    pylock_sha = hashlib.sha256(pylock_path.read_bytes()).hexdigest()
+    pylock_bytes, pylock = _load_toml(pylock_path, f"wheel lock for {channel}/{target}")
+    pylock_sha = hashlib.sha256(pylock_bytes).hexdigest()
     if pylock_sha != doc.get("pylock-sha256"):
         raise LockError(
             f"{pylock_path.name} does not match {lock_path.name} (pylock-sha256 differs): "
@@ -143,6 +147,7 @@ def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[st
         versions=fields.table("versions").texts(),
         artifacts=artifacts,
         roles={e.text("role"): a.sha256 for e, a in zip(entries, artifacts, strict=True)},
+        files_sha256=named_bytes_digest((lock_path.name, lock_bytes), (pylock_path.name, pylock_bytes)),
     )
     check_pylock(pylock, pylock_path)
     try:

@@ -168,6 +168,7 @@ def image_stage(
     spec: ImageSpec,
     rules: Sequence[LayerRule],
     level: int,
+    *,
     out: Path,
     force: bool = False,
 ) -> StageResult:
@@ -197,7 +198,7 @@ def image_stage(
 
 def read_image_record(image_dir: Path) -> dict[str, Any]:
     """image.json of an image stage's output: tag, digest, size, vLLM version (for a build run by another
-    process, as verify-repro's; a build in this one has them in its stage result, BundleRun.image)."""
+    process, as verify-repro's; a build in this one has them in its stage result, BundleRun.result("image"))."""
     return read_json(image_dir / IMAGE_JSON)
 
 

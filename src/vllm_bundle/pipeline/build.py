@@ -15,15 +15,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.errors import UsageError
-from vllm_bundle.inputs.locker import check_lock
 from vllm_bundle.inputs.lockfile import Lock, build_only, wheel_artifacts
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
-from vllm_bundle.manifests import check_repo
+from vllm_bundle.manifests import release_tag
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
 from vllm_bundle.oci.layout import BaseImage
 from vllm_bundle.paths import default_rocm_fixes
@@ -48,21 +47,28 @@ from vllm_bundle.util.progress import human_size
 
 @dataclass
 class BundleRun:
+    """What a ``bundle`` run did: each stage's result in order, and how long the fetch took. What the
+    command line reports (the tier 0 report, the release, the image) is read from the results."""
+
     target: str
     channel: str
     build_dir: Path  # build/<target>
     results: list[StageResult] = field(default_factory=list)
     fetch_seconds: float = 0.0
     downloaded: int = 0
-    release_dir: Path | None = None
-    report: Path | None = None
-    image_dir: Path | None = None
-    image: Mapping[str, Any] | None = None  # the image stage's record: tag, digest, size, vllm, created
-    tag: str = ""
+
+    def result(self, name: str) -> StageResult | None:
+        """The result of the stage ``name``, or None where it did not run in this build."""
+        return next((result for result in self.results if result.name == name), None)
 
     @property
     def root(self) -> Path:
         return self.build_dir / "root"
+
+    @property
+    def report(self) -> Path | None:
+        qualify = self.result("qualify")
+        return None if qualify is None else qualify.path / REPORT
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,6 @@ class Build:
     target: Target
     channel: Channel
     lock: Lock
-    locks_dir: Path
     base: Path  # build/<target>
     patches_dir: Path
     fetched: dict[str, Path]  # every locked file, by sha256
@@ -136,14 +141,25 @@ class Build:
         return str(parse_wheel_filename(self.wheel_name())[1])
 
 
+class StageRun(Protocol):
+    """What a stage does: its result in ``out``, redone whatever its stamp says when ``force``."""
+
+    def __call__(self, build: Build, /, *, out: Path, force: bool) -> StageResult: ...
+
+
 class Stage(NamedTuple):
-    """A stage of ``bundle``: its name (``--force NAME``), what it does, whether it runs in this build, and
-    what must hold of its result (checked once the stage is reported) for the build to go on."""
+    """A stage of ``bundle``: its name (``--force NAME``; its output is build/<target>/<name>), what it
+    does, whether it runs in this build, what must hold of its result (checked once the stage is
+    reported) for the build to go on, and where its output goes when not in the build directory."""
 
     name: str
-    run: Callable[[Build], StageResult]
+    run: StageRun
     runs: Callable[[Build], bool] = lambda build: True
     holds: Callable[[Build, StageResult], None] = lambda build, result: None
+    out: Callable[[Build], Path] | None = None
+
+    def output(self, build: Build) -> Path:
+        return self.out(build) if self.out is not None else build.base / self.name
 
 
 def tree_size(path: Path) -> int:
@@ -164,32 +180,22 @@ def named_wheels(artifacts: Sequence[Artifact], fetched: dict[str, Path], where:
 
 
 # -- the stages, in the order of STAGES below --------------------------------------------------------------
+# Each is called as ``run(build, out=..., force=...)``: the loop gives every stage its own output
+# directory (build/<target>/<name>, unless its row says where) and whether ``--force`` named it.
 
 
-def _python(b: Build) -> StageResult:
+def _python(b: Build, *, out: Path, force: bool) -> StageResult:
     python = b.lock.artifact("python")
-    return python_stage(
-        b.fetched[python.sha256], python.sha256, b.minor, b.base / "python", b.forced("python"), python.filename
-    )
+    return python_stage(b.fetched[python.sha256], python.sha256, b.minor, python.filename, out=out, force=force)
 
 
-def _site(b: Build) -> StageResult:
+def _site(b: Build, *, out: Path, force: bool) -> StageResult:
     named = named_wheels([w for w in b.wheels if w.name != "vllm"], b.fetched, b.base / ".wheels")
     rocm = b.lock.artifact("rocm-sdist")
     sdists = {b.fetched[rocm.sha256]: (rocm.sha256, rocm.filename)}
     family = b.channel.sdk_target_family(b.target)
-    python = b.results["python"]
-    return site_stage(
-        python,
-        named,
-        b.minor,
-        b.base / "site",
-        b.forced("site"),
-        sdists,
-        b.lock.source_date_epoch,
-        family,
-        fixes=default_rocm_fixes(),
-    )
+    python, date = b.results["python"], b.lock.source_date_epoch
+    return site_stage(python, named, b.minor, sdists, date, family, out=out, force=force, fixes=default_rocm_fixes())
 
 
 def _builds_vllm(b: Build) -> bool:
@@ -197,23 +203,22 @@ def _builds_vllm(b: Build) -> bool:
     return "vllm-sdist" in b.lock.roles
 
 
-def _vllm_source(b: Build) -> StageResult:
+def _vllm_source(b: Build, *, out: Path, force: bool) -> StageResult:
     sdist = b.lock.artifact("vllm-sdist")
-    return prepare_source(
-        b.fetched[sdist.sha256],
-        sdist.sha256,
-        b.lock.versions["vllm"],
-        b.patches_dir,
-        b.base / "vllm-src",
-        b.recipes.all_isas,
-        b.forced("vllm-src"),
-    )
+    version, isas = b.lock.versions["vllm"], b.recipes.all_isas
+    return prepare_source(b.fetched[sdist.sha256], sdist.sha256, version, b.patches_dir, isas, out=out, force=force)
 
 
-def _builder(b: Build) -> StageResult:
-    options = b.options.builder
-    assert options is not None
-    return rootfs_stage(options.image, options.rootfs, b.forced("builder"))
+def _builder(b: Build, *, out: Path, force: bool) -> StageResult:
+    assert b.options.builder is not None
+    return rootfs_stage(b.options.builder.image, out=out, force=force)
+
+
+def _builder_rootfs(b: Build) -> Path:
+    """The builder's root file system is unpacked in the download cache, by the image's digest (every
+    build of that image shares it), not in the build directory."""
+    assert b.options.builder is not None
+    return b.options.builder.rootfs
 
 
 def _where_vllm_builds(b: Build) -> Builder:
@@ -225,13 +230,13 @@ def _where_vllm_builds(b: Build) -> Builder:
     return Builder(compilers=b.options.compilers)
 
 
-def _vllm_wheel(b: Build) -> StageResult:
+def _vllm_wheel(b: Build, *, out: Path, force: bool) -> StageResult:
     """Build vLLM from the patched source with the bundle's own interpreter, in the builder, or take the
     prebuilt wheel."""
     if not _builds_vllm(b):
         (artifact,) = [w for w in b.wheels if w.name == "vllm"]
         (named,) = named_wheels([artifact], b.fetched, b.base / ".wheels")
-        return prebuilt_wheel_stage(named, artifact.sha256, b.base / "vllm-wheel", b.forced("vllm-wheel"))
+        return prebuilt_wheel_stage(named, artifact.sha256, out=out, force=force)
     site = b.results["site"]
     layout = Layout(site.path, b.minor)
     rocm = None
@@ -247,26 +252,19 @@ def _vllm_wheel(b: Build) -> StageResult:
             extensions=b.recipes.vllm.extension_rule(b.lock.versions["vllm"]),
         )
     build_group = named_wheels(b.build_group, b.fetched, b.base / ".wheels")
-    return wheel_stage(
-        b.target,
-        b.results["vllm-src"],
-        b.lock.versions["vllm"],
-        WheelBuild(layout.python, b.lock.source_date_epoch, rocm, build_group, layout.site, _where_vllm_builds(b)),
-        b.base / "vllm-wheel",
-        b.base / "logs" / "vllm-wheel.log",
-        b.forced("vllm-wheel"),
-        python_key=site.key,
+    environment = WheelBuild(
+        layout.python, b.lock.source_date_epoch, rocm, build_group, layout.site, _where_vllm_builds(b)
     )
+    source, version, log = b.results["vllm-src"], b.lock.versions["vllm"], b.base / "logs" / "vllm-wheel.log"
+    return wheel_stage(b.target, source, version, environment, log, site.key, out=out, force=force)
 
 
-def _app(b: Build) -> StageResult:
+def _app(b: Build, *, out: Path, force: bool) -> StageResult:
     rules = load_prune_rules(b.recipes.root)
-    return app_stage(
-        b.results["site"], b.results["vllm-wheel"], b.minor, rules, b.base, b.base / "app", b.forced("app")
-    )
+    return app_stage(b.results["site"], b.results["vllm-wheel"], b.minor, rules, b.base, out=out, force=force)
 
 
-def _root(b: Build) -> StageResult:
+def _root(b: Build, *, out: Path, force: bool) -> StageResult:
     template = stage_key(
         "launcher-template",
         3,
@@ -282,17 +280,17 @@ def _root(b: Build) -> StageResult:
         b.target.name,
         template,
         b.base,
-        b.base / "root",
-        b.forced("root"),
-        vllm_build=str(b.results["vllm-wheel"].details.get("device", "")),
-        defaults=b.recipes.launcher_defaults,
+        str(b.results["vllm-wheel"].details.get("device", "")),
+        b.recipes.launcher_defaults,
+        out=out,
+        force=force,
         zig_target=zig_target(b.recipes.python),
     )
 
 
-def _qualify(b: Build) -> StageResult:
+def _qualify(b: Build, *, out: Path, force: bool) -> StageResult:
     rules = load_rules(b.recipes.root, b.recipes.python.platform, b.recipes.vllm.extensions)
-    return qualify_stage(b.results["root"], b.minor, b.target, rules, b.base, b.base / "qualify", b.forced("qualify"))
+    return qualify_stage(b.results["root"], b.minor, b.target, rules, b.base, out=out, force=force)
 
 
 def _tier0_passed(b: Build, checked: StageResult) -> None:
@@ -302,7 +300,12 @@ def _tier0_passed(b: Build, checked: StageResult) -> None:
         raise failure_message(report, checked.path / REPORT)
 
 
-def _release(b: Build) -> StageResult:
+def _release_dir(b: Build) -> Path:
+    """The release's assets go to ``--bundles-dir``/<tag>, beside every other release, not the build."""
+    return b.options.bundles_dir / release_tag(b.vllm_version(), b.lock.versions["rocm"], b.target.name)
+
+
+def _release(b: Build, *, out: Path, force: bool) -> StageResult:
     assert b.options.release is not None
     vllm = b.results["vllm-wheel"]
     hashes: dict[str, str] = {canonicalize_name(w.name): w.sha256 for w in b.wheels}
@@ -310,22 +313,21 @@ def _release(b: Build) -> StageResult:
     report = read_report(b.results["qualify"].path / REPORT)
     return release_stage(
         lock=b.lock,
-        locks_dir=b.locks_dir,
         target=b.target.name,
         minor=b.minor,
         root=b.results["root"],
         vllm_version=b.vllm_version(),
         wheel_hashes=hashes,
-        bundles_dir=b.options.bundles_dir,
         options=b.options.release,
         tier0={check.name: check.passed for check in report.checks},
         vllm_build=_vllm_build_record(vllm),
         floor={**(report.floor or {}), "claimed": b.recipes.python.platform} if report.floor else None,
-        force=b.forced("release"),
+        out=out,
+        force=force,
     )
 
 
-def _image(b: Build) -> StageResult:
+def _image(b: Build, *, out: Path, force: bool) -> StageResult:
     image, release = b.options.image, b.options.release
     assert image is not None and release is not None
     spec = image_spec(
@@ -339,40 +341,44 @@ def _image(b: Build) -> StageResult:
         base=image.base,
         revision=image.revision,
     )
-    root = b.results["root"]
     layers = image.recipe.layers
-    return image_stage(root, image.base, spec, layers, release.level, b.base / "image", b.forced("image"))
+    return image_stage(b.results["root"], image.base, spec, layers, release.level, out=out, force=force)
 
 
 #: The stages of ``bundle``, in order: each reads the build and the results of the stages before it. A
-#: new stage is its function and one line here.
+#: new stage is its function and one row here (docs/building.md, "Adding a stage"; tests/test_bundle.py
+#: adds one and counts what else it needs: nothing).
 STAGES = (
     Stage("python", _python),
     Stage("site", _site),
     Stage("vllm-src", _vllm_source, runs=_builds_vllm),
-    Stage("builder", _builder, runs=lambda b: _builds_vllm(b) and b.options.builder is not None),
+    Stage("builder", _builder, runs=lambda b: _builds_vllm(b) and b.options.builder is not None, out=_builder_rootfs),
     Stage("vllm-wheel", _vllm_wheel),
     Stage("app", _app),
     Stage("root", _root),
     Stage("qualify", _qualify, holds=_tier0_passed),
-    Stage("release", _release, runs=lambda b: b.options.release is not None),
+    Stage("release", _release, runs=lambda b: b.options.release is not None, out=_release_dir),
     Stage("image", _image, runs=lambda b: b.options.image is not None),
 )
-STAGE_NAMES = tuple(stage.name for stage in STAGES)
+
+
+def stage_names() -> tuple[str, ...]:
+    """The names ``--force`` takes: every row of :data:`STAGES`, read when asked (a row added is one)."""
+    return tuple(stage.name for stage in STAGES)
 
 
 def check_stage_names(names: Iterable[str]) -> None:
     """``--force`` names only stages that exist."""
-    unknown = sorted(set(names) - set(STAGE_NAMES))
+    unknown = sorted(set(names) - set(stage_names()))
     if unknown:
-        raise UsageError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(STAGE_NAMES)}")
+        raise UsageError(f"unknown stage {unknown[0]!r} for --force", f"stages: {', '.join(stage_names())}")
 
 
 def build_bundle(
     recipes: Recipes,
     target: Target,
     channel: Channel,
-    locks_dir: Path,
+    locked: tuple[Lock, Mapping[str, Any]],
     fetcher: Fetcher,
     build_root: Path,
     patches_dir: Path,
@@ -380,11 +386,9 @@ def build_bundle(
     announce: Callable[[StageResult], None] = lambda result: None,
     starting: Callable[[str], None] = lambda name: None,
 ) -> BundleRun:
-    """Every stage of :data:`STAGES` that runs in this build, for the target."""
-    check_stage_names(options.force)
-    lock, pylock = check_lock(recipes, target, channel, locks_dir)
-    if options.release is not None:
-        check_repo(options.release.repo)  # before any stage runs, not after an hour of building
+    """Every stage of :data:`STAGES` that runs in this build, for the target, from ``locked`` (the lock
+    and pylock as :func:`vllm_bundle.inputs.locker.check_lock` read and checked them: once per build)."""
+    lock, pylock = locked
     minor, platform = recipes.python.minor, recipes.python.platform
     wheels, build_group = wheel_artifacts(pylock, minor, platform), build_only(pylock, minor, platform)
     # Absolute: the default --build-dir is relative, and what the stages write names it (links, the build's
@@ -396,22 +400,15 @@ def build_bundle(
     fetched = fetcher.fetch_all([*lock.artifacts, *wheels, *build_group])
     run.fetch_seconds, run.downloaded = time.monotonic() - began, len(missing)
 
-    build = Build(
-        recipes, target, channel, lock, locks_dir, run.build_dir, patches_dir, fetched, wheels, build_group, options
-    )
+    build = Build(recipes, target, channel, lock, run.build_dir, patches_dir, fetched, wheels, build_group, options)
     for stage in STAGES:
         if not stage.runs(build):
             continue
         starting(stage.name)
-        result = build.results[stage.name] = stage.run(build)
+        result = build.results[stage.name] = stage.run(build, out=stage.output(build), force=build.forced(stage.name))
         run.results.append(result)
         announce(result)
         stage.holds(build, result)
-    run.report = build.results["qualify"].path / REPORT
-    if "release" in build.results:
-        run.release_dir, run.tag = build.results["release"].path, str(build.results["release"].details["tag"])
-    if "image" in build.results:
-        run.image_dir, run.image = build.results["image"].path, build.results["image"].details
     return run
 
 
@@ -442,6 +439,7 @@ def summary_lines(run: BundleRun) -> list[str]:
         lines.append(f"  {result.name:<11} {state:>6}  {result.seconds:6.1f} s  {human_size(tree_size(result.path))}")
     total = sum(r.seconds for r in run.results) + run.fetch_seconds
     lines.append(f"  {'total':<11} {'':>6}  {total:6.1f} s  bundle tree: {run.root}")
-    if run.release_dir is not None:
-        lines.append(f"  {'assets':<11} {'':>6}  {'':>8}  {run.release_dir}")
+    release = run.result("release")
+    if release is not None:
+        lines.append(f"  {'assets':<11} {'':>6}  {'':>8}  {release.path}")
     return lines

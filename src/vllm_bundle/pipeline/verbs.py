@@ -22,10 +22,10 @@ from vllm_bundle.errors import (
 )
 from vllm_bundle.inputs.facts import load_facts
 from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
-from vllm_bundle.inputs.lockfile import BUILD_GROUP, wheel_artifacts
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, Lock, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
-from vllm_bundle.manifests import ReleaseAssets, check_repo
+from vllm_bundle.manifests import ReleaseAssets
 from vllm_bundle.oci.builder import BuilderRecipe, image_files, load_builder_recipe
 from vllm_bundle.oci.image import (
     LAYOUT,
@@ -171,9 +171,18 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) -> tuple[Path, str, str]:
-    """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
+def _standalone_lock(args: argparse.Namespace, recipes: Recipes) -> tuple[Lock, dict[str, Any]] | None:
+    """The lock the standalone ``patch`` and ``vllm-wheel`` verbs read, once (none with ``--vllm VERSION``)."""
     if args.vllm:
+        return None
+    return check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+
+
+def _vllm_sdist(
+    args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher, locked: tuple[Lock, dict[str, Any]] | None
+) -> tuple[Path, str, str]:
+    """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
+    if locked is None:
         if args.offline:
             raise UsageError("--vllm VERSION reads the package index", "drop --offline, or use the locked version")
         index = args.pypi_index or recipes.channel(args.channel).pypi_index
@@ -183,17 +192,19 @@ def _vllm_sdist(args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher) ->
             raise LockError(f"the index {index} has no {filename} with a sha256", "check the version")
         artifact = Artifact("vllm", filename, entry.url, entry.sha256, entry.size)
         return fetcher.fetch_one(artifact), entry.sha256, args.vllm
-    lock, _ = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    lock, _ = locked
     artifact = lock.artifact("vllm-sdist")
     return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
 
 
-def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResult, str]:
+def _source_stage(
+    args: argparse.Namespace, recipes: Recipes, locked: tuple[Lock, dict[str, Any]] | None
+) -> tuple[StageResult, str]:
     """The patched source and its vLLM version."""
     with fetcher_of(args, None, args.mirror) as fetcher:
-        sdist, sha, version = _vllm_sdist(args, recipes, fetcher)
+        sdist, sha, version = _vllm_sdist(args, recipes, fetcher, locked)
     out = args.build_dir / args.target / "vllm-src"
-    result = prepare_source(sdist, sha, version, args.patches, out, recipes.all_isas, force=args.force)
+    result = prepare_source(sdist, sha, version, args.patches, recipes.all_isas, out=out, force=args.force)
     state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
     if "redone" in result.details:
         state += f"; the cached tree had changed: {result.details['redone']}"
@@ -204,11 +215,13 @@ def _source_stage(args: argparse.Namespace, recipes: Recipes) -> tuple[StageResu
     return result, version
 
 
-def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes) -> tuple[Path, Artifact] | None:
+def _prebuilt_vllm(
+    args: argparse.Namespace, recipes: Recipes, locked: tuple[Lock, dict[str, Any]] | None
+) -> tuple[Path, Artifact] | None:
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
-    if args.vllm:
+    if locked is None:
         return None
-    lock, pylock = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+    lock, pylock = locked
     if "vllm-sdist" in lock.roles:
         return None
     wheels = wheel_artifacts(pylock, recipes.python.minor, recipes.python.platform)
@@ -227,12 +240,13 @@ def cmd_patch(args: argparse.Namespace) -> int:
     recipes = recipes_of(args)
     recipes.target(args.target)
     with exclusive(args.build_dir / args.target, say):
-        if _prebuilt_vllm(args, recipes) is not None:
+        locked = _standalone_lock(args, recipes)
+        if _prebuilt_vllm(args, recipes, locked) is not None:
             raise RecipeError(
                 f"channel {args.channel} uses a prebuilt vLLM wheel (repackage mode): nothing to patch",
                 "use a channel without vllm-wheel, or --vllm VERSION",
             )
-        _source_stage(args, recipes)
+        _source_stage(args, recipes, locked)
     return 0
 
 
@@ -249,39 +263,43 @@ STANDALONE_SOURCE_DATE = 315532800
 
 
 def _standalone_wheel(args: argparse.Namespace, recipes: Recipes, target: Target, base: Path) -> int:
-    prebuilt = _prebuilt_vllm(args, recipes)
+    locked = _standalone_lock(args, recipes)
+    prebuilt = _prebuilt_vllm(args, recipes, locked)
     if prebuilt is not None:
         wheel, artifact = prebuilt
-        result = prebuilt_wheel_stage(wheel, artifact.sha256, base / "vllm-wheel", force=args.force)
+        result = prebuilt_wheel_stage(wheel, artifact.sha256, out=base / "vllm-wheel", force=args.force)
     else:
         if not args.python_only:
             raise UsageError(
                 "vllm-wheel builds a Python-only wheel with a given interpreter (to try the patch series)",
                 "pass --python-only; a ROCm build runs in `bundle`, whose site stage is its build environment",
             )
-        source, version = _source_stage(args, recipes)
+        source, version = _source_stage(args, recipes, locked)
         python = args.python.absolute()
         if not python.exists():
             raise UsageError(f"no build interpreter at {python}", "pass --python PATH to a Python with torch")
         build = WheelBuild(python, STANDALONE_SOURCE_DATE, rocm=None)
         log = base / "logs" / "vllm-wheel.log"
-        result = wheel_stage(target, source, version, build, base / "vllm-wheel", log, force=args.force)
+        result = wheel_stage(target, source, version, build, log, out=base / "vllm-wheel", force=args.force)
     state = "cached" if result.cached else f"done in {result.seconds:.1f} s"
     print(f"stage  vllm-wheel ({state}): {result.path / result.details['wheel']} ({result.details['device']})")
     return 0
 
 
-def _lock_if_needed(recipes: Recipes, args: argparse.Namespace) -> None:
-    """As ``uv run`` does: a missing lock, or one older than its recipe, is made first (one line says
-    so); with ``--locked`` (the release workflow) it is refused instead. A lock that fails its own
-    integrity check (edited by hand) is never silently replaced."""
+def _checked_lock(recipes: Recipes, args: argparse.Namespace) -> tuple[Lock, dict[str, Any]]:
+    """The build's lock and pylock, read and checked once (the build reads no other). As ``uv run``
+    does: a missing lock, or one older than its recipe, is made first (one line says so); with
+    ``--locked`` (the release workflow) it is refused instead. A lock that fails its own integrity check
+    (edited by hand) is never silently replaced."""
+    target, channel = recipes.target(args.target), recipes.channel(args.channel)
     try:
-        check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
+        return check_lock(recipes, target, channel, locks_dir(args))
     except (LockMissingError, LockOutOfDateError) as err:
         if args.locked:
             raise
         print(f"lock   {err.message}: locking {args.target} ({args.channel}) first (--locked refuses instead)")
         print(_make_lock(recipes, args, args.target), flush=True)
+    return check_lock(recipes, target, channel, locks_dir(args))  # as written, by the bytes the build uses
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
@@ -308,10 +326,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             level=args.level,
             source_date=source_date_from_env(),  # $SOURCE_DATE_EPOCH out of range: refused now, not at the SBOM
         )
-        check_repo(release.repo)
-    _lock_if_needed(recipes, args)
+    locked = _checked_lock(recipes, args)
     builder_recipe = load_builder_recipe(args.recipes)
-    in_builder = _compiles_vllm(recipes, args) and not args.no_builder
+    in_builder = "vllm-sdist" in locked[0].roles and not args.no_builder  # it compiles vLLM from source
     if in_builder:
         _lock_image_if_needed(args, builder_recipe.pin)
     image_recipe = load_image_recipe(args.recipes) if wants_image else None
@@ -320,13 +337,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     with exclusive(args.build_dir / args.target, say):
         builder = _builder_options(args, builder_recipe) if in_builder else None
         image = _image_options(args, image_recipe) if image_recipe is not None else None
-        return _build(recipes, args, release, image, builder, builder_recipe.compilers)
-
-
-def _compiles_vllm(recipes: Recipes, args: argparse.Namespace) -> bool:
-    """The lock pins vLLM's source release, which the build compiles (else a prebuilt wheel is taken)."""
-    lock, _ = check_lock(recipes, recipes.target(args.target), recipes.channel(args.channel), locks_dir(args))
-    return "vllm-sdist" in lock.roles
+        return _build(recipes, args, locked, release, image, builder, builder_recipe.compilers)
 
 
 def _lock_image_if_needed(args: argparse.Namespace, pin: Pin) -> None:
@@ -394,6 +405,7 @@ def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOption
 def _build(
     recipes: Recipes,
     args: argparse.Namespace,
+    locked: tuple[Lock, dict[str, Any]],
     release: ReleaseOptions | None,
     image: ImageOptions | None,
     builder: BuilderOptions | None,
@@ -417,7 +429,7 @@ def _build(
             recipes,
             target,
             channel,
-            locks_dir(args),
+            locked,
             fetcher,
             args.build_dir,
             args.patches,
@@ -429,9 +441,10 @@ def _build(
         print_report(read_report(run.report), run.report)
     for line in summary_lines(run):
         print(line)
-    if run.image_dir is not None and run.image is not None and image is not None and release is not None:
-        assert run.release_dir is not None  # the image stage runs after the release stage
-        _publish_image(args, recipes, run.image_dir, run.image, run.release_dir, image.recipe, release.repo)
+    built_image, released = run.result("image"), run.result("release")
+    if built_image is not None and image is not None and release is not None:
+        assert released is not None  # the image stage runs after the release stage
+        _publish_image(args, recipes, built_image.path, built_image.details, released.path, image.recipe, release.repo)
     return 0
 
 

@@ -661,7 +661,14 @@ def detect_vllm_build(root: Path) -> str | None:
 
 
 def qualify_stage(
-    root: StageResult, minor: str, target: Target, rules: QualifyRules, build_dir: Path, out: Path, force: bool = False
+    root: StageResult,
+    minor: str,
+    target: Target,
+    rules: QualifyRules,
+    build_dir: Path,
+    *,
+    out: Path,
+    force: bool = False,
 ) -> StageResult:
     """Stage ``qualify``: the tier 0 report of the bundle tree (cached with the tree it judged)."""
     inputs = {

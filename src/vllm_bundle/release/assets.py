@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_bundle.errors import InvalidValueError
-from vllm_bundle.inputs.lockfile import Lock, lock_paths
+from vllm_bundle.inputs.lockfile import Lock
 from vllm_bundle.manifests import (
     BACKEND_VERSIONS,
     DEFAULT_LEVEL,
@@ -33,6 +33,7 @@ from vllm_bundle.manifests import (
     SBOM_SPEC,
     ReleaseAssets,
     backend_versions,
+    check_repo,
     dump_json,
     release_tag,
     write_sha256sums,
@@ -40,7 +41,7 @@ from vllm_bundle.manifests import (
 from vllm_bundle.paths import checkout_git
 from vllm_bundle.release.archive import archiver, write_archive
 from vllm_bundle.tree.layout import Layout
-from vllm_bundle.tree.stage import StageResult, file_digest, run_stage
+from vllm_bundle.tree.stage import StageResult, run_stage
 
 #: 9: the TOC names its format (vllm_bundle.toc); 8: one mtime for every entry, archive.tar_sha256; 7: the
 #: floor; 6: the archive in chunked gzip members, with its TOC; 5: CycloneDX 1.6
@@ -55,10 +56,16 @@ ASCII_DIGITS = re.compile(r"[0-9]+")
 
 @dataclass(frozen=True)
 class ReleaseOptions:
+    """How the release stage writes the assets. ``repo`` is checked when the options are made (the
+    command line makes them before any lock or stage), so no build finds a bad one at its end."""
+
     repo: str
     part_size: int = DEFAULT_PART_SIZE
     level: int = DEFAULT_LEVEL
     source_date: int | None = None  # else $SOURCE_DATE_EPOCH, else the lock's
+
+    def __post_init__(self) -> None:
+        check_repo(self.repo)
 
 
 def archive_assets(root: Path, where: Path, assets: ReleaseAssets, *, part_size: int, level: int) -> dict[str, Any]:
@@ -129,29 +136,31 @@ def sbom_writer() -> dict[str, str]:
 def release_stage(
     *,
     lock: Lock,
-    locks_dir: Path,
     target: str,
     minor: str,
     root: StageResult,
     vllm_version: str,
     wheel_hashes: Mapping[str, str],
-    bundles_dir: Path,
     options: ReleaseOptions,
     tier0: Mapping[str, bool],
     vllm_build: Mapping[str, Any] | None = None,
     floor: Mapping[str, Any] | None = None,
+    out: Path,
     force: bool = False,
 ) -> StageResult:
-    """``vllm_version`` is the built wheel's, with its local part; the tag keeps the public part.
+    """The release's assets in ``out``, a folder named for the tag. ``vllm_version`` is the built wheel's,
+    with its local part; the tag keeps the public part.
     ``tier0`` maps each tier 0 check to whether it passed (recorded in release.json; GPU tiers add
     theirs later, see :mod:`vllm_bundle.qualify.gpu`); ``vllm_build`` says how vLLM was built (its
     device and builder; for ROCm, the ISAs each extension carries code for); ``floor`` is the oldest system
     the tree runs on as tier 0 measured it (the platform claimed beside it), recorded in release.json and
     backend_versions.json, where installers check it."""
     tag = release_tag(vllm_version, lock.versions["rocm"], target)
+    assert out.name == tag, f"the release of {tag} goes in a folder of its name, not {out}"
     assets = ReleaseAssets(tag)
     date = source_date(lock, options.source_date)
-    lock_hash = file_digest(*lock_paths(locks_dir, lock.channel, target))
+    lock_hash = lock.files_sha256  # the bytes the build read, not the files as they are now
+    assert lock_hash, "a release is made from a lock read from its files"
     versions = {**lock.versions, "vllm": vllm_version}
     inputs = {
         "root": root.key,
@@ -200,4 +209,4 @@ def release_stage(
         tmp.chmod(0o755)
         return {"tag": tag, "parts": len(archive["parts"]), "size": archive["size"]}
 
-    return run_stage(bundles_dir / tag, "release", STAGE_VERSION, inputs, build, force=force)
+    return run_stage(out, "release", STAGE_VERSION, inputs, build, force=force)

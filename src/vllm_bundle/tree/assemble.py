@@ -245,12 +245,12 @@ def site_stage(
     python: StageResult,
     wheels: Mapping[Path, str],
     minor: str,
-    out: Path,
-    force: bool = False,
     sdists: Mapping[Path, tuple[str, str]] | None = None,
     source_date: int = 0,
     target_family: str = "",
     *,
+    out: Path,
+    force: bool = False,
     fixes: Path | None = None,
 ) -> StageResult:
     """``wheels``: each wheel file with its pinned sha256 (the stage's key: a wheel re-published under
@@ -302,6 +302,7 @@ def app_stage(
     minor: str,
     rules: PruneRules,
     build_dir: Path,
+    *,
     out: Path,
     force: bool = False,
 ) -> StageResult:
@@ -342,11 +343,11 @@ def root_stage(
     target: str,
     template_digest: str,
     build_dir: Path,
-    out: Path,
-    force: bool = False,
     vllm_build: str = "rocm",
     defaults: Mapping[str, str] | None = None,
     *,
+    out: Path,
+    force: bool = False,
     zig_target: str,
 ) -> StageResult:
     """``vllm_build``: how vLLM was built (rocm, python-only, prebuilt), stated in the launcher;

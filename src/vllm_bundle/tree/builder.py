@@ -76,7 +76,7 @@ class ImageFiles:
     layers: tuple[tuple[str, Path], ...]
 
 
-def rootfs_stage(image: ImageFiles, out: Path, force: bool = False) -> StageResult:
+def rootfs_stage(image: ImageFiles, *, out: Path, force: bool = False) -> StageResult:
     """Stage ``builder``: the image's layers applied to ``out/rootfs`` (util/layers.py)."""
 
     def build(tmp: Path) -> Mapping[str, Any]:

@@ -69,7 +69,7 @@ def fix_build_paths(root: Path, minor: str) -> list[Path]:
 
 
 def python_stage(
-    tarball: Path, sha256: str, minor: str, out: Path, force: bool = False, filename: str | None = None
+    tarball: Path, sha256: str, minor: str, filename: str | None = None, *, out: Path, force: bool = False
 ) -> StageResult:
     """``filename``: the artifact's own name, for messages (``tarball`` may be a cache blob)."""
     name = filename or tarball.name

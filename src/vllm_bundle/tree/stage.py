@@ -22,7 +22,7 @@ from typing import Any
 from filelock import FileLock
 
 from vllm_bundle.manifests import dump_json
-from vllm_bundle.util.fsutil import atomic_write, raising_disk_full
+from vllm_bundle.util.fsutil import atomic_write, named_bytes_digest, raising_disk_full
 from vllm_bundle.util.locks import held
 
 
@@ -43,10 +43,7 @@ def stage_key(name: str, version: int, inputs: Mapping[str, Any]) -> str:
 
 def file_digest(*paths: Path) -> str:
     """One hash over files' names and bytes (for declaring patch files, templates... as inputs)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return named_bytes_digest(*((path.name, path.read_bytes()) for path in paths))
 
 
 def _stamp_path(out: Path) -> Path:
@@ -67,6 +64,7 @@ def run_stage(
     version: int,
     inputs: Mapping[str, Any],
     build: Callable[[Path], Mapping[str, Any] | None],
+    *,
     force: bool = False,
 ) -> StageResult:
     """Build ``out`` with ``build(tmp_dir)`` unless a stamp with the same input hash exists.

@@ -590,7 +590,7 @@ def run_build(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def prebuilt_wheel_stage(wheel: Path, sha256: str, out: Path, force: bool = False) -> StageResult:
+def prebuilt_wheel_stage(wheel: Path, sha256: str, *, out: Path, force: bool = False) -> StageResult:
     """Stage ``vllm-wheel`` in repackage mode: the locked prebuilt wheel, taken as it is."""
 
     def build(tmp: Path) -> Mapping[str, Any]:
@@ -609,10 +609,11 @@ def wheel_stage(
     source: StageResult,
     version: str,
     build: WheelBuild,
-    out: Path,
     log: Path,
-    force: bool = False,
     python_key: str | None = None,
+    *,
+    out: Path,
+    force: bool = False,
 ) -> StageResult:
     """Stage ``vllm-wheel``: depends on the patched source, the interpreter (``python_key``: the key of the
     stage that made it, when it is one of ours), the build inputs, the target's ISAs and the builder (the

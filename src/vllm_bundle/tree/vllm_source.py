@@ -34,8 +34,9 @@ def prepare_source(
     sdist_sha256: str,
     version: str,
     patches_dir: Path,
-    out: Path,
     required_isas: frozenset[str],
+    *,
+    out: Path,
     force: bool = False,
 ) -> StageResult:
     """Stage ``vllm-src``: extract the source release into ``out`` and apply the patch series.

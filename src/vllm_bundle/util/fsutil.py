@@ -52,6 +52,15 @@ def raising_disk_full(message: str, hint: str, *, cleanup: Callable[[], object] 
         raise DiskFullError(message, hint) from None
 
 
+def named_bytes_digest(*files: tuple[str, bytes]) -> str:
+    """One sha256 over files' names and bytes, in order: ``name NUL bytes NUL`` each (a stage's declared
+    input files; a lock's two files, as the release records them)."""
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     """The sha256 of a file's bytes in hex, read in blocks (a part or a wheel is gigabytes)."""
     with path.open("rb") as handle:
