@@ -70,7 +70,8 @@ def test_good_fields_are_read_and_optional_ones_have_their_default() -> None:
     assert fields.text("absent", None) is None and fields.text("nothing", "d") == "d"  # null: not given
     assert fields.whole("count", least=3) == 3 and fields.whole("absent", 7) == 7
     assert fields.table("nested").table("deeper").sha256("digest", prefix="sha256:") == SHA
-    assert fields.table("absent", required=False).texts() == {}
+    assert fields.table("absent", required=False).texts() == fields.table("nothing", required=False).texts() == {}
+    assert "nothing is null, not a JSON object" in _refused(lambda: fields.table("nothing"))
     assert fields.tables("absent", required=False) == [] and fields.flag("flag", False) is True
     assert [part.path for part in _fields({"parts": [{}, {}]}).tables("parts")] == ["parts[0]", "parts[1]"]
 

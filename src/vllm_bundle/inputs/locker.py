@@ -46,6 +46,7 @@ from vllm_bundle.inputs.lockfile import (
     BUILD_GROUP,
     BUILD_MARKER,
     Lock,
+    Locked,
     best_wheel,
     lock_paths,
     locked_versions,
@@ -584,7 +585,7 @@ def make_lock(
     return lock
 
 
-def check_lock(recipes: Recipes, target: Target, channel: Channel, locks_dir: Path) -> tuple[Lock, dict[str, Any]]:
+def check_lock(recipes: Recipes, target: Target, channel: Channel, locks_dir: Path) -> Locked:
     """The lock for (target, channel) and its parsed pylock, read once: fail unless both exist, are
     intact and match today's recipe."""
     lock, pylock = read_lock(locks_dir, channel.name, target.name)

@@ -60,6 +60,10 @@ class Lock:
         raise LockError(f"the lock for {self.channel}/{self.target} has no {role} artifact", "re-lock")
 
 
+#: A lock as read and checked: the lock file's record and its parsed pylock (PEP 751).
+Locked = tuple[Lock, dict[str, Any]]
+
+
 def lock_paths(locks_dir: Path, channel: str, target: str) -> tuple[Path, Path]:
     base = locks_dir / channel
     # PEP 751 requires the name pylock.<name>.toml for a lock file that is not plain pylock.toml.
@@ -110,7 +114,7 @@ def _load_toml(path: Path, what: str) -> tuple[bytes, dict[str, Any]]:
     )
 
 
-def read_lock(locks_dir: Path, channel: str, target: str) -> tuple[Lock, dict[str, Any]]:
+def read_lock(locks_dir: Path, channel: str, target: str) -> Locked:
     """Read and cross-check both lock files; returns the lock and the parsed pylock."""
     lock_path, pylock_path = lock_paths(locks_dir, channel, target)
     lock_bytes, doc = _load_toml(lock_path, f"lock for {channel}/{target}")

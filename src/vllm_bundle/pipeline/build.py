@@ -12,15 +12,15 @@ is skipped and a changed input redoes only the stages that depend on it. ``--for
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_bundle.errors import UsageError
-from vllm_bundle.inputs.lockfile import Lock, build_only, wheel_artifacts
+from vllm_bundle.inputs.lockfile import Lock, Locked, build_only, wheel_artifacts
 from vllm_bundle.inputs.triton_kernels import ROLE as TRITON_KERNELS
 from vllm_bundle.manifests import release_tag
 from vllm_bundle.oci.image import ImageRecipe, image_spec, image_stage
@@ -378,7 +378,7 @@ def build_bundle(
     recipes: Recipes,
     target: Target,
     channel: Channel,
-    locked: tuple[Lock, Mapping[str, Any]],
+    locked: Locked,
     fetcher: Fetcher,
     build_root: Path,
     patches_dir: Path,

@@ -22,7 +22,7 @@ from vllm_bundle.errors import (
 )
 from vllm_bundle.inputs.facts import load_facts
 from vllm_bundle.inputs.locker import Sources, check_lock, make_lock
-from vllm_bundle.inputs.lockfile import BUILD_GROUP, Lock, wheel_artifacts
+from vllm_bundle.inputs.lockfile import BUILD_GROUP, Locked, wheel_artifacts
 from vllm_bundle.inputs.probe import run_probe
 from vllm_bundle.inputs.simple_index import project_files
 from vllm_bundle.manifests import ReleaseAssets
@@ -171,7 +171,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _standalone_lock(args: argparse.Namespace, recipes: Recipes) -> tuple[Lock, dict[str, Any]] | None:
+def _standalone_lock(args: argparse.Namespace, recipes: Recipes) -> Locked | None:
     """The lock the standalone ``patch`` and ``vllm-wheel`` verbs read, once (none with ``--vllm VERSION``)."""
     if args.vllm:
         return None
@@ -179,7 +179,7 @@ def _standalone_lock(args: argparse.Namespace, recipes: Recipes) -> tuple[Lock, 
 
 
 def _vllm_sdist(
-    args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher, locked: tuple[Lock, dict[str, Any]] | None
+    args: argparse.Namespace, recipes: Recipes, fetcher: Fetcher, locked: Locked | None
 ) -> tuple[Path, str, str]:
     """The vLLM source release: the locked one, or ``--vllm VERSION`` from the channel's index."""
     if locked is None:
@@ -197,9 +197,7 @@ def _vllm_sdist(
     return fetcher.fetch_one(artifact), artifact.sha256, lock.versions["vllm"]
 
 
-def _source_stage(
-    args: argparse.Namespace, recipes: Recipes, locked: tuple[Lock, dict[str, Any]] | None
-) -> tuple[StageResult, str]:
+def _source_stage(args: argparse.Namespace, recipes: Recipes, locked: Locked | None) -> tuple[StageResult, str]:
     """The patched source and its vLLM version."""
     with fetcher_of(args, None, args.mirror) as fetcher:
         sdist, sha, version = _vllm_sdist(args, recipes, fetcher, locked)
@@ -215,9 +213,7 @@ def _source_stage(
     return result, version
 
 
-def _prebuilt_vllm(
-    args: argparse.Namespace, recipes: Recipes, locked: tuple[Lock, dict[str, Any]] | None
-) -> tuple[Path, Artifact] | None:
+def _prebuilt_vllm(args: argparse.Namespace, recipes: Recipes, locked: Locked | None) -> tuple[Path, Artifact] | None:
     """In repackage mode (the lock pins a vLLM wheel, not a source release): that wheel, fetched."""
     if locked is None:
         return None
@@ -286,7 +282,7 @@ def _standalone_wheel(args: argparse.Namespace, recipes: Recipes, target: Target
     return 0
 
 
-def _checked_lock(recipes: Recipes, args: argparse.Namespace) -> tuple[Lock, dict[str, Any]]:
+def _checked_lock(recipes: Recipes, args: argparse.Namespace) -> Locked:
     """The build's lock and pylock, read and checked once (the build reads no other). As ``uv run``
     does: a missing lock, or one older than its recipe, is made first (one line says so); with
     ``--locked`` (the release workflow) it is refused instead. A lock that fails its own integrity check
@@ -405,7 +401,7 @@ def _image_options(args: argparse.Namespace, recipe: ImageRecipe) -> ImageOption
 def _build(
     recipes: Recipes,
     args: argparse.Namespace,
-    locked: tuple[Lock, dict[str, Any]],
+    locked: Locked,
     release: ReleaseOptions | None,
     image: ImageOptions | None,
     builder: BuilderOptions | None,

@@ -198,8 +198,8 @@ class Fields:
         return tuple(items)
 
     def table(self, key: str, *, required: bool = True) -> Self:
-        """The object under ``key``; absent and not ``required``, an empty one."""
-        if key not in self.data and not required:
+        """The object under ``key``; absent (or null) and not ``required``, an empty one."""
+        if self.data.get(key) is None and not required:
             return self._child({}, self.field(key))
         return self._child(self.data.get(key), self.field(key))
 
