@@ -49,6 +49,11 @@ REFUSALS = [
     ("an empty required string", lambda f: f.text("empty"), "doc.json: empty is '', not a non-empty string"),
     ("a NUL", lambda f: f.text("nul"), "doc.json: nul is 'a\\x00b', not a string without NUL"),
     ("a digest without its prefix", lambda f: f.text("name") and f.sha256("name", prefix="sha256:"), "name is 'x'"),
+    (
+        "a caller's rule on a missing key",
+        lambda f: f.bad("absent", "one of a, b"),
+        "absent is missing, and must be one of",
+    ),
     ("a caller's rule", lambda f: f.table("nested").bad("deeper", "gone"), "nested.deeper is a JSON object, not gone"),
     ("the document itself", lambda f: Document("d", lambda m: ManifestError(m, "fix it")).fields([]), "d: the"),
 ]

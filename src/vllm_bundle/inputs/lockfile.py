@@ -174,7 +174,7 @@ def _size(entry: Fields) -> int | None:
 
 def _file_name(entry: Fields, key: str) -> str:
     name = entry.text(key)
-    if not name or name in (".", "..") or any(c in name for c in "/\\"):
+    if name in (".", "..") or any(c in name for c in "/\\"):  # (text() refused "" and NUL)
         raise entry.bad(key, "a file name")
     return name
 

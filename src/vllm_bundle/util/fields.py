@@ -103,7 +103,9 @@ class Fields:
         """The error for ``key``, whose value (``value``, else the one the object holds) breaks a rule of
         the caller's: ``... is '<value>', not <expected>``."""
         if isinstance(value, _Required):
-            value = self.data.get(key)
+            if key not in self.data:  # (not "is null": TOML has no null, and the document has no such key)
+                return self.problem(key, f"is missing, and must be {expected}")
+            value = self.data[key]
         return self.problem(key, f"is {self.shown(value)}, not {expected}")
 
     def shown(self, value: object) -> str:
